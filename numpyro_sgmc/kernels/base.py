@@ -1,0 +1,531 @@
+"""The shared ``MCMCKernel`` shell of every stochastic-gradient kernel.
+
+One implementation of the meta-algorithm (``shared/design/theory.md`` §2),
+
+.. math::
+
+    \\theta' = \\theta + \\tfrac{h}{2}\\,\\Gamma\\,\\hat g(\\theta)
+              + \\sqrt{h/\\beta}\\;\\Lambda^{1/2}\\xi,
+
+composed from a batch sampler (:mod:`~numpyro_sgmc.subsample`), a gradient estimator
+(:mod:`~numpyro_sgmc.gradients`) and a one-step diffusion (:mod:`~numpyro_sgmc.diffusions`).
+The named kernels in :mod:`numpyro_sgmc.kernels.sgld` only choose the estimator and ``β``.
+
+Everything that changes per step, and everything that may differ between chains (the
+preconditioners, the control-variate centre), lives in :class:`SGMCState`, so that
+``MCMC(..., num_chains=K, chain_method="vectorized" | "sequential" | "parallel")`` runs each
+chain with its own values. Per-chain values enter through ``init_params`` as a
+:class:`ChainInit`.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from functools import partial
+from typing import Any, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax, random
+from numpyro.infer.initialization import init_to_uniform
+from numpyro.infer.mcmc import MCMCKernel
+from numpyro.util import identity, is_prng_key, not_jax_tracer
+
+from numpyro_sgmc import preconditioners
+from numpyro_sgmc.diagnostics import report_new_divergences, tree_all_finite, user_stacklevel
+from numpyro_sgmc.diffusions import langevin_step, sgd_step
+from numpyro_sgmc.gradients import (
+    Centre,
+    control_variate_gradient,
+    full_data_gradient,
+    minibatch_gradient,
+)
+from numpyro_sgmc.subsample import draw_batch, first_batch, full_data, initialize, num_data
+
+__all__ = ["CentreWarning", "ChainInit", "SGMCKernel", "SGMCState"]
+
+
+class SGMCState(NamedTuple):
+    """State of a stochastic-gradient chain.
+
+    :param i: iteration counter (warm-up included).
+    :param dict z: current position, unconstrained.
+    :param grad_norm: Euclidean norm of the gradient estimate ``ĝ`` used by the last iteration.
+    :param diverging: whether an iteration of the last draw was rejected for a non-finite
+        gradient estimate or position (the chain then stays put).
+    :param num_diverging: number of rejected iterations so far.
+    :param preconditioner: the drift preconditioner ``Γ`` (fixed for the run).
+    :param noise_preconditioner: the noise preconditioner ``Λ``, or ``None`` for ``Λ = Γ``.
+    :param centre: :class:`~numpyro_sgmc.gradients.Centre` for control variates, else ``None``.
+    :param average: running mean of the iterates after warm-up (SGD), else ``None``.
+    :param rng_key: PRNG key for the next step.
+    """
+
+    i: Any
+    z: dict
+    grad_norm: Any
+    diverging: Any
+    num_diverging: Any
+    preconditioner: Any
+    noise_preconditioner: Any
+    centre: Optional[Centre]
+    average: Optional[dict]
+    rng_key: Any
+
+
+class ChainInit(NamedTuple):
+    """Per-chain starting values, passed to ``MCMC.run(..., init_params=ChainInit(...))``.
+
+    With ``num_chains > 1`` every given field carries a leading chain axis; ``MCMC`` hands
+    chain ``k`` its slice whatever the ``chain_method``.
+
+    :param dict params: starting position, unconstrained (as NumPyro's ``init_params``);
+        ``None`` to use the kernel's ``init_strategy``.
+    :param preconditioner: this chain's drift preconditioner ``Γ``; ``None`` for the
+        kernel's.
+    :param noise_preconditioner: this chain's ``Λ``; ``None`` for the kernel's.
+    :param dict centre: this chain's control-variate centre ``θ̂``, unconstrained; ``None`` for
+        the starting position. Only for kernels with control variates.
+    """
+
+    params: Optional[dict] = None
+    preconditioner: Any = None
+    noise_preconditioner: Any = None
+    centre: Optional[dict] = None
+
+
+class CentreWarning(UserWarning):
+    """The control-variate centre is far from a mode of the potential."""
+
+
+def _check_step_size(step_size) -> float:
+    try:
+        h = float(step_size)
+    except (TypeError, ValueError):
+        raise TypeError(f"step_size must be a positive number, got {step_size!r}.") from None
+    if not (h > 0 and math.isfinite(h)):
+        raise ValueError(f"step_size must be positive and finite, got {step_size!r}.")
+    return h
+
+
+def _tree_norm(tree):
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))
+
+
+def _chain(tree, c):
+    return jax.tree.map(lambda x: x[c], tree)
+
+
+def _stack(trees):
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def _warn_if_data_compiled_in(model_args, model_kwargs, limit_bytes=2**24):
+    """Warn when large data reach the sampling loop as constants instead of arguments.
+
+    ``MCMC(..., jit_model_args=False)`` (NumPyro's default) closes the compiled loop over the
+    model arguments, so XLA embeds the data in the program: compile time and memory then grow
+    with ``n`` (about 15 s for 400 MB here). Concrete (non-traced) arrays at trace time of
+    :meth:`SGMCKernel.sample` mean exactly that.
+    """
+    leaves = jax.tree.leaves((model_args, model_kwargs))
+    size = sum(getattr(x, "nbytes", 0) for x in leaves if not_jax_tracer(x))
+    if size > limit_bytes:
+        warnings.warn(
+            f"The model arguments ({size / 2**20:.0f} MB) are compiled into the sampling loop "
+            "as constants, which makes compilation slow and doubles their memory. Pass "
+            "MCMC(..., jit_model_args=True) so that the data reach the loop as arguments.",
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
+
+
+class SGMCKernel(MCMCKernel):
+    """Stochastic-gradient MCMC kernel for ``numpyro.infer.MCMC`` (the meta-algorithm).
+
+    .. math::
+
+        \\theta' = \\theta + \\tfrac{h}{2}\\,\\Gamma\\,\\hat g(\\theta)
+                  + \\sqrt{h/\\beta}\\;\\Lambda^{1/2}\\xi, \\qquad \\xi \\sim N(0, I_d)
+
+    (``shared/design/theory.md`` §2). Use the named kernels :class:`~numpyro_sgmc.SGLD`,
+    :class:`~numpyro_sgmc.SGLDFP` and :class:`~numpyro_sgmc.SGD`; this class holds what they
+    share.
+
+    :param model: a NumPyro model whose data plate(s) declare ``subsample_size``.
+    :param float step_size: ``h``, on the average-gradient scale (``ε = h/n`` in the usual
+        ``-(ε/2)∇Ũ`` form).
+    :param batch_size: ``None`` to use each plate's ``subsample_size``; an int for every
+        subsample plate; or ``{plate name: int}``. The ``n/b`` scaling follows the batch size
+        actually used. A batch size equal to the plate size means full-data gradients.
+    :param inverse_temperature: ``β``; ``None`` for ``n``, the total number of data over the
+        subsample plates (the posterior). ``math.inf`` gives SGD.
+    :param preconditioner: ``Γ``: ``None`` (identity), :class:`~numpyro_sgmc.Diagonal`,
+        :func:`~numpyro_sgmc.layerwise` or :class:`~numpyro_sgmc.Dense`, over the
+        unconstrained parameters; the same for every chain (per-chain values: :class:`ChainInit`).
+    :param noise_preconditioner: ``Λ``; ``None`` for ``Λ = Γ``.
+    :param bool control_variates: use the control-variate estimator around a centre ``θ̂``
+        (each chain's starting position unless :class:`ChainInit` gives one), with the
+        full-data gradient at ``θ̂`` computed once at ``init``.
+    :param int num_steps: iterations of the update per MCMC draw (as HMC's ``num_steps``
+        leapfrog steps per draw): ``num_samples`` draws cost ``num_samples * num_steps``
+        iterations, and the state's ``i`` counts iterations. Several iterations per draw run in
+        one compiled loop, which keeps NumPyro's per-draw overhead (its progress bar dispatches
+        every draw) small next to the iterations themselves; SG-MCMC iterates are strongly
+        autocorrelated, so little is lost by not storing each one.
+    :param init_strategy: NumPyro init strategy for chains not given ``init_params``.
+    :param int chunk_size: rows per plate evaluated at once for full-data gradients.
+    """
+
+    sample_field = "z"
+    _tracks_average = False  # SGD keeps the running mean of its iterates
+
+    def __init__(
+        self,
+        model,
+        step_size,
+        *,
+        batch_size=None,
+        inverse_temperature=None,
+        preconditioner=None,
+        noise_preconditioner=None,
+        control_variates=False,
+        num_steps=100,
+        init_strategy=init_to_uniform,
+        chunk_size=65536,
+    ):
+        if not callable(model):
+            raise TypeError(f"model must be a NumPyro model (a callable), got {model!r}.")
+        self._model = model
+        self._step_size = _check_step_size(step_size)
+        if batch_size is not None and not isinstance(batch_size, (int, dict)):
+            raise TypeError(
+                f"batch_size must be None, an int or a dict {{plate: int}}, got {batch_size!r}."
+            )
+        self._batch_size = batch_size
+        if inverse_temperature is not None:
+            beta = float(inverse_temperature)
+            if not beta > 0:
+                raise ValueError(f"inverse_temperature must be positive, got {beta!r}.")
+            inverse_temperature = beta
+        self._inverse_temperature = inverse_temperature
+        self._preconditioner = preconditioners._as_preconditioner(
+            preconditioner, "preconditioner"
+        )
+        self._noise_preconditioner = (
+            None
+            if noise_preconditioner is None
+            else preconditioners._as_preconditioner(
+                noise_preconditioner, "noise_preconditioner"
+            )
+        )
+        self._control_variates = bool(control_variates)
+        if not (isinstance(num_steps, int) and not isinstance(num_steps, bool) and num_steps >= 1):
+            raise ValueError(f"num_steps must be a positive int, got {num_steps!r}.")
+        self._num_steps = num_steps
+        self._init_strategy = init_strategy
+        if not (isinstance(chunk_size, int) and chunk_size > 0):
+            raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
+        self._chunk_size = chunk_size
+        self._plates = None
+        self._potential_fn = None
+        self._postprocess = None
+        self._sample_fn = None
+
+    # ---- configuration -------------------------------------------------------------------
+
+    @property
+    def model(self):
+        """The model as a full-data program: its subsample plates run over all their rows.
+
+        This is the target the kernel samples, and what tools that replay the model see
+        (``az.from_numpyro`` computes per-datum log-likelihoods with it: memory
+        ``draws × n``; pass ``log_likelihood=False`` there for large ``n``).
+        """
+        return full_data(self._model)
+
+    @property
+    def step_size(self) -> float:
+        """``h``."""
+        return self._step_size
+
+    @property
+    def num_steps(self) -> int:
+        """Iterations of the update per MCMC draw."""
+        return self._num_steps
+
+    @property
+    def plates(self) -> dict:
+        """Subsample plates found at ``init``: name -> ``SubsamplePlate(size, batch_size)``."""
+        return self._plates
+
+    @property
+    def num_data(self) -> int:
+        """``n``, the number of data over all subsample plates (known after ``init``)."""
+        return None if self._plates is None else num_data(self._plates)
+
+    @property
+    def inverse_temperature(self) -> float:
+        """``β`` (``n`` unless given; ``inf`` for SGD). Known after ``init``."""
+        if self._inverse_temperature is not None:
+            return self._inverse_temperature
+        return None if self._plates is None else float(self.num_data)
+
+    @property
+    def default_fields(self):
+        return ("z", "diverging")
+
+    def get_diagnostics_str(self, state):
+        return "{} divergences".format(int(jnp.sum(state.num_diverging)))
+
+    def postprocess_fn(self, model_args, model_kwargs):
+        """Map unconstrained draws to constrained values and deterministic sites.
+
+        Deterministic sites inside a subsample plate are per-datum quantities of a batch and
+        are left out; compute them with :class:`numpyro.infer.Predictive`.
+        """
+        if self._postprocess is None:
+            return identity
+        return self._postprocess(model_args, {} if model_kwargs is None else model_kwargs)
+
+    # ---- init ----------------------------------------------------------------------------
+
+    def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
+        model_kwargs = {} if model_kwargs is None else model_kwargs
+        model_args = tuple(model_args)
+        chain_init = init_params if isinstance(init_params, ChainInit) else ChainInit(init_params)
+        if chain_init.centre is not None and not self._control_variates:
+            raise ValueError(
+                f"ChainInit.centre is only used with control variates; {type(self).__name__} "
+                "was built without them (use SGLDFP, or control_variates=True)."
+            )
+        self._num_warmup_steps = num_warmup * self._num_steps
+        batched = not is_prng_key(rng_key)
+        if batched:
+            keys = jax.vmap(random.split)(rng_key)
+            rng_key, key_init = keys[:, 0], keys[:, 1]
+        else:
+            rng_key, key_init = random.split(rng_key)
+
+        prepared = initialize(
+            key_init,
+            self._model,
+            model_args,
+            model_kwargs,
+            batch_size=self._batch_size,
+            init_strategy=self._init_strategy,
+        )
+        self._plates = prepared.plates
+        self._potential_fn = prepared.potential_fn
+        self._postprocess = prepared.postprocess_fn
+        estimator = control_variate_gradient if self._control_variates else minibatch_gradient
+        self._estimator = estimator(self._potential_fn, num_data(self._plates))
+        self._sample_fn = self._step  # MCMC re-runs `init` on a `post_warmup_state` until this is set
+
+        z = prepared.init_params if chain_init.params is None else chain_init.params
+        self._check_params(z, prepared.init_params, batched)
+        if chain_init.params is not None:
+            self._check_finite_start(z, model_args, model_kwargs, batched)
+        num_chains = jax.tree.leaves(z)[0].shape[0] if batched else None
+
+        gamma = self._per_chain(
+            chain_init.preconditioner, self._preconditioner, z, num_chains, "preconditioner"
+        )
+        lam = (
+            None
+            if chain_init.noise_preconditioner is None and self._noise_preconditioner is None
+            else self._per_chain(
+                chain_init.noise_preconditioner,
+                self._noise_preconditioner,
+                z,
+                num_chains,
+                "noise_preconditioner",
+            )
+        )
+        centre = None
+        if self._control_variates:
+            centre_z = z if chain_init.centre is None else chain_init.centre
+            if chain_init.centre is not None:
+                self._check_params(centre_z, prepared.init_params, batched, "ChainInit.centre")
+            centre = self._centre(centre_z, key_init, model_args, model_kwargs, batched)
+
+        def new_state(z, gamma, lam, centre, key):
+            zero = jnp.zeros((), jnp.result_type(float))
+            return SGMCState(
+                i=jnp.array(0),
+                z=z,
+                grad_norm=zero,
+                diverging=jnp.array(False),
+                num_diverging=jnp.array(0),
+                preconditioner=gamma,
+                noise_preconditioner=lam,
+                centre=centre,
+                average=z if self._tracks_average else None,
+                rng_key=key,
+            )
+
+        if batched:
+            return jax.vmap(new_state)(z, gamma, lam, centre, rng_key)
+        return new_state(z, gamma, lam, centre, rng_key)
+
+    @staticmethod
+    def _check_params(params, prototype, batched, what="init_params"):
+        if not isinstance(params, dict) or set(params) != set(prototype):
+            got = sorted(params) if isinstance(params, dict) else type(params).__name__
+            raise ValueError(
+                f"{what} must be a dict over the latent sites {sorted(prototype)} "
+                f"(unconstrained values); got {got}."
+            )
+        for name, value in params.items():
+            # with batched keys NumPyro's prototype carries the chain axis too
+            want = jnp.shape(prototype[name])[1:] if batched else jnp.shape(prototype[name])
+            have = jnp.shape(value)[1:] if batched else jnp.shape(value)
+            if have != want:
+                raise ValueError(
+                    f"{what}['{name}'] has shape {jnp.shape(value)}; the unconstrained site has "
+                    f"shape {want}" + (" after the leading chain axis." if batched else ".")
+                )
+
+    def _check_finite_start(self, z, model_args, model_kwargs, batched):
+        """A user-given start must have a finite potential and gradient on the first batch."""
+        batch = first_batch(self._plates)
+        value_and_grad = jax.value_and_grad(self._potential_fn)
+        fn = lambda z: tree_all_finite(value_and_grad(z, batch, model_args, model_kwargs))
+        finite = jax.jit(jax.vmap(fn) if batched else fn)(z)
+        if not_jax_tracer(finite) and not np.all(finite):
+            bad = np.flatnonzero(~np.atleast_1d(np.asarray(finite)))
+            raise ValueError(
+                "The potential or its gradient is not finite at the initial position"
+                + (f" of chain(s) {bad.tolist()}" if batched else "")
+                + ". init_params are unconstrained values: check they are in the support after "
+                "the transform, and that the model's log-density is finite there."
+            )
+
+    @staticmethod
+    def _per_chain(chain_spec, kernel_spec, z, num_chains, role):
+        """Prepare ``Γ`` or ``Λ`` for every chain: the chain's own if given, else the kernel's."""
+        if num_chains is None:
+            return preconditioners.prepare(
+                kernel_spec if chain_spec is None else chain_spec, z, role
+            )
+        if chain_spec is None:
+            shared = preconditioners.prepare(kernel_spec, _chain(z, 0), role)
+            return jax.tree.map(
+                lambda x: jnp.broadcast_to(x, (num_chains,) + jnp.shape(x)), shared
+            )
+        return _stack(
+            [
+                preconditioners.prepare(_chain(chain_spec, c), _chain(z, c), f"ChainInit.{role}")
+                for c in range(num_chains)
+            ]
+        )
+
+    def _centre(self, centre_z, rng_key, model_args, model_kwargs, batched):
+        """The control-variate centre: ``θ̂`` and ``ḡ(θ̂)`` for every chain, with a sanity check."""
+        full = partial(
+            full_data_gradient, self._potential_fn, self._plates, chunk_size=self._chunk_size
+        )
+        minibatch = minibatch_gradient(self._potential_fn, num_data(self._plates))
+        plates = self._plates
+
+        def centre_and_offset(z, key, args, kwargs):
+            g_full = full(z, args, kwargs)
+            # gradient noise of a few batches at the centre: its size is the scale on which the
+            # full-data gradient at a mode is zero (theory §3: ĝ noise has covariance I/b)
+            noise = jax.vmap(
+                lambda k: _tree_norm(
+                    jax.tree.map(
+                        jnp.subtract, minibatch(z, draw_batch(k, plates), args, kwargs), g_full
+                    )
+                )
+                ** 2
+            )(random.split(key, 4))
+            return Centre(z, g_full), _tree_norm(g_full) ** 2, jnp.mean(noise)
+
+        fn = jax.jit(jax.vmap(centre_and_offset, (0, 0, None, None)) if batched else centre_and_offset)
+        centre, grad_sq, noise_sq = fn(centre_z, rng_key, model_args, model_kwargs)
+        if not_jax_tracer(grad_sq):
+            self._warn_far_centre(np.atleast_1d(grad_sq), np.atleast_1d(noise_sq))
+        return centre
+
+    def _warn_far_centre(self, grad_sq, noise_sq):
+        # At a mode ḡ(θ̂) = 0; a posterior-typical centre has E|ḡ|² ≈ tr(I)/n while the batch
+        # noise has E|ĝ_B - ḡ|² = tr(I)/b. Flag centres 10 posterior sds or more away.
+        n = num_data(self._plates)
+        b = sum(p.batch_size for p in self._plates.values())
+        if b == n:
+            return
+        ratio = grad_sq * n / np.maximum(noise_sq * b, np.finfo(np.float32).tiny)
+        if np.any(ratio > 100.0):
+            warnings.warn(
+                f"{type(self).__name__}: the control-variate centre is far from a mode: "
+                f"n·|ḡ(θ̂)|² / (b·|ĝ_B(θ̂) - ḡ(θ̂)|²) = {float(np.max(ratio)):.3g} (about 1 or "
+                "less at a mode). Control variates only reduce the gradient noise near θ̂. "
+                "Start the chain at the MAP (init_strategy=init_to_value(values=map_estimate) "
+                "or init_params), or pass the MAP as ChainInit(centre=...).",
+                CentreWarning,
+                stacklevel=user_stacklevel(),
+            )
+
+    # ---- sample --------------------------------------------------------------------------
+
+    def _step(self, state: SGMCState, model_args, model_kwargs) -> SGMCState:
+        key, key_batch, key_noise = random.split(state.rng_key, 3)
+        batch = draw_batch(key_batch, self._plates)
+        grad = self._estimator(state.z, batch, model_args, model_kwargs, state.centre)
+        beta = self.inverse_temperature
+        if math.isinf(beta):
+            proposal = sgd_step(state.z, grad, self._step_size, state.preconditioner)
+        else:
+            lam = (
+                state.preconditioner
+                if state.noise_preconditioner is None
+                else state.noise_preconditioner
+            )
+            proposal = langevin_step(
+                key_noise, state.z, grad, self._step_size, beta, state.preconditioner, lam
+            )
+        finite = tree_all_finite(grad) & tree_all_finite(proposal)
+        z = jax.tree.map(lambda new, old: jnp.where(finite, new, old), proposal, state.z)
+        average = state.average
+        if average is not None:
+            # running mean of the post-warm-up iterates; restarts when warm-up ends
+            count = jnp.maximum(state.i + 1 - self._num_warmup_steps, 1)
+            average = jax.tree.map(lambda a, x: a + (x - a) / count, average, z)
+        return state._replace(
+            i=state.i + 1,
+            z=z,
+            grad_norm=_tree_norm(grad),
+            diverging=~finite,  # per step; `sample` reports it per draw
+            num_diverging=state.num_diverging + (~finite).astype(state.num_diverging.dtype),
+            average=average,
+            rng_key=key,
+        )
+
+    def sample(self, state, model_args, model_kwargs):
+        """One MCMC draw: ``num_steps`` iterations of the update in one compiled loop."""
+        _warn_if_data_compiled_in(model_args, model_kwargs)
+        step = partial(
+            self._step,
+            model_args=tuple(model_args),
+            model_kwargs={} if model_kwargs is None else model_kwargs,
+        )
+
+        def draw(s):
+            if self._num_steps == 1:
+                return step(s)
+            return lax.fori_loop(0, self._num_steps, lambda _, s: step(s), s)
+
+        new_state = draw(state) if is_prng_key(state.rng_key) else jax.vmap(draw)(state)
+        num_diverging = report_new_divergences(
+            state.num_diverging,
+            new_state.num_diverging,
+            new_state.i,
+            type(self).__name__,
+            self._step_size,
+        )
+        return new_state._replace(
+            diverging=num_diverging > state.num_diverging, num_diverging=num_diverging
+        )

@@ -1,0 +1,111 @@
+"""Models with exact answers, shared by the tests."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+
+PRIOR_SCALE = 10.0
+
+
+def linear_regression(X, y=None, noise=1.0, subsample_size=100):
+    """Bayesian linear regression, Gaussian prior and likelihood: a conjugate posterior."""
+    theta = numpyro.sample(
+        "theta", dist.Normal(0.0, PRIOR_SCALE).expand([X.shape[1]]).to_event(1)
+    )
+    with numpyro.plate("data", X.shape[0], subsample_size=subsample_size):
+        Xb = numpyro.subsample(X, event_dim=1)
+        yb = None if y is None else numpyro.subsample(y, event_dim=0)
+        numpyro.sample("y", dist.Normal(Xb @ theta, noise), obs=yb)
+
+
+class LinearRegressionProblem(NamedTuple):
+    """Data and exact quantities; every matrix per datum unless named ``post_cov``."""
+
+    X: jnp.ndarray
+    y: jnp.ndarray
+    n: int
+    mode: np.ndarray  # posterior mean = mode = θ̂ (the prior is included)
+    post_cov: np.ndarray  # exact posterior covariance
+    J: np.ndarray  # ∇²U(θ̂)/n
+    I: np.ndarray  # covariance over the data of the per-datum gradients at θ̂
+    S: np.ndarray  # sandwich J⁻¹ I J⁻¹
+    hessians: np.ndarray  # (n, d, d) per-datum Hessians of l
+
+
+def make_linear_regression(n=1000, d=3, rho=0.5, heteroscedastic=False, seed=0):
+    """Correlated covariates (equicorrelation ``rho``); noise sd 1 in the model.
+
+    With ``heteroscedastic=True`` the data's noise sd grows with ``|x_1|``, so the model is
+    misspecified and ``I`` differs clearly from ``J``.
+    """
+    rng = np.random.default_rng(seed)
+    cov_x = (1 - rho) * np.eye(d) + rho * np.ones((d, d))
+    X = rng.multivariate_normal(np.zeros(d), cov_x, size=n)
+    theta_true = np.linspace(1.0, -1.0, d)
+    scale = 0.3 + 1.5 * np.abs(X[:, 0]) if heteroscedastic else np.ones(n)
+    y = X @ theta_true + scale * rng.standard_normal(n)
+    precision = X.T @ X + np.eye(d) / PRIOR_SCALE**2
+    post_cov = np.linalg.inv(precision)
+    mode = post_cov @ X.T @ y
+    J = precision / n
+    grads = X * (y - X @ mode)[:, None]  # per-datum ∇l at θ̂
+    I = np.cov(grads.T, bias=True)
+    Jinv = np.linalg.inv(J)
+    hessians = -np.einsum("ni,nj->nij", X, X)
+    return LinearRegressionProblem(
+        jnp.asarray(X, jnp.float32),
+        jnp.asarray(y, jnp.float32),
+        n,
+        mode,
+        post_cov,
+        J,
+        I,
+        Jinv @ I @ Jinv,
+        hessians,
+    )
+
+
+def start_near_mode(problem, num_chains, cov, seed=1):
+    """Unconstrained starting points drawn from ``N(θ̂, cov)``, one per chain."""
+    rng = np.random.default_rng(seed)
+    z = rng.multivariate_normal(problem.mode, cov, size=num_chains)
+    return {"theta": jnp.asarray(z, jnp.float32)}
+
+
+def draws(mcmc, site="theta"):
+    """``(C, T, d)`` draws of one site as NumPy."""
+    return np.asarray(jax.device_get(mcmc.get_samples(group_by_chain=True)[site]))
+
+
+def two_groups(y1, y2, b1=50, b2=20):
+    """Two datasets of different sizes sharing ``mu``: ``y1 ~ N(mu, 1)``, ``y2 ~ N(mu + delta, 2)``."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, PRIOR_SCALE))
+    delta = numpyro.sample("delta", dist.Normal(0.0, PRIOR_SCALE))
+    with numpyro.plate("a", y1.shape[0], subsample_size=b1):
+        numpyro.sample("y1", dist.Normal(mu, 1.0), obs=numpyro.subsample(y1, event_dim=0))
+    with numpyro.plate("b", y2.shape[0], subsample_size=b2):
+        numpyro.sample("y2", dist.Normal(mu + delta, 2.0), obs=numpyro.subsample(y2, event_dim=0))
+
+
+def make_two_groups(n1=2000, n2=500, seed=0):
+    """Data for :func:`two_groups` and its exact Gaussian posterior over ``(delta, mu)``.
+
+    The order ``(delta, mu)`` is the unconstrained flattening order (sites sorted by name).
+    """
+    rng = np.random.default_rng(seed)
+    y1 = 0.7 + rng.standard_normal(n1)
+    y2 = 0.7 - 0.4 + 2.0 * rng.standard_normal(n2)
+    # design in (delta, mu): y1 = mu, y2 = mu + delta
+    A = np.concatenate([np.tile([0.0, 1.0], (n1, 1)), np.tile([1.0, 1.0], (n2, 1))])
+    w = np.concatenate([np.full(n1, 1.0), np.full(n2, 0.25)])
+    y = np.concatenate([y1, y2])
+    precision = A.T @ (w[:, None] * A) + np.eye(2) / PRIOR_SCALE**2
+    cov = np.linalg.inv(precision)
+    mean = cov @ A.T @ (w * y)
+    return jnp.asarray(y1, jnp.float32), jnp.asarray(y2, jnp.float32), mean, cov

@@ -1,0 +1,106 @@
+"""Constrained sites, deterministic sites and two data plates, against exact posteriors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from numpyro.distributions import biject_to, constraints
+from numpyro.infer import MCMC
+
+from harness import assert_law
+from numpyro_sgmc import SGLDFP, ChainInit
+from problems import make_two_groups, two_groups
+
+CHAINS = 32
+
+
+def run(kernel, args, init_params, num_warmup, num_samples, seed=0):
+    mcmc = MCMC(
+        kernel,
+        num_warmup=num_warmup,
+        num_samples=num_samples,
+        num_chains=CHAINS,
+        chain_method="vectorized",
+        progress_bar=False,
+    )
+    mcmc.run(jax.random.key(seed), *args, init_params=init_params)
+    assert not np.any(np.asarray(mcmc.get_extra_fields()["diverging"]))
+    return mcmc
+
+
+def scale_model(y):
+    sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+    numpyro.deterministic("log_sigma", jnp.log(sigma))
+    with numpyro.plate("data", y.shape[0], subsample_size=50):
+        yb = numpyro.subsample(y, event_dim=0)
+        numpyro.deterministic("standardised", yb / sigma)  # per datum: left out of the draws
+        numpyro.sample("y", dist.Normal(0.0, sigma), obs=yb)
+
+
+def test_halfnormal_scale_matches_quadrature_and_is_returned_constrained():
+    rng = np.random.default_rng(0)
+    y = 0.5 * rng.standard_normal(500)
+    grid = np.linspace(0.3, 0.8, 20001)
+    log_post = (
+        dist.HalfNormal(1.0).log_prob(grid)
+        + (-0.5 * np.sum(y**2) / grid**2 - y.size * np.log(grid))
+    )
+    w = np.exp(log_post - log_post.max())
+    w /= w.sum()
+    mean = np.sum(w * grid)
+    var = np.sum(w * (grid - mean) ** 2)
+    mode_u = np.log(grid[np.argmax(log_post + np.log(grid))])  # mode of the unconstrained potential
+
+    start = {"sigma": jnp.asarray(mode_u + 0.03 * rng.standard_normal(CHAINS), jnp.float32)}
+    centre = {"sigma": jnp.full(CHAINS, mode_u, jnp.float32)}
+    mcmc = run(
+        SGLDFP(scale_model, step_size=0.01), (jnp.asarray(y, jnp.float32),),
+        ChainInit(start, centre=centre), num_warmup=5, num_samples=300,
+    )
+    samples = mcmc.get_samples(group_by_chain=True)
+    assert set(samples) == {"sigma", "log_sigma"}
+    sigma = np.asarray(samples["sigma"], np.float64)
+    assert np.all(sigma > 0)
+    np.testing.assert_allclose(samples["log_sigma"], np.log(sigma), rtol=1e-5, atol=1e-6)
+    assert_law(sigma[..., None], [mean], [[var]], label="HalfNormal scale")
+
+
+def dirichlet_model(y):
+    p = numpyro.sample("p", dist.Dirichlet(jnp.ones(3)))
+    with numpyro.plate("data", y.shape[0], subsample_size=30):
+        numpyro.sample("y", dist.Categorical(probs=p), obs=numpyro.subsample(y, event_dim=0))
+
+
+def test_dirichlet_matches_its_conjugate_posterior():
+    counts = np.array([150, 100, 50])
+    y = jnp.asarray(np.repeat(np.arange(3), counts))
+    alpha = 1.0 + counts
+    mean = alpha / alpha.sum()
+    cov = (np.diag(mean) - np.outer(mean, mean)) / (alpha.sum() + 1)
+    to_simplex = biject_to(constraints.simplex)
+    rng = np.random.default_rng(1)
+    starts = rng.dirichlet(alpha, size=CHAINS)
+    z = {"p": jnp.asarray(to_simplex.inv(jnp.asarray(starts)), jnp.float32)}
+    mcmc = run(SGLDFP(dirichlet_model, step_size=0.01), (y,), z, num_warmup=5, num_samples=300)
+    p = np.asarray(mcmc.get_samples(group_by_chain=True)["p"], np.float64)
+    assert p.shape == (CHAINS, 300, 3)
+    np.testing.assert_allclose(p.sum(-1), 1.0, rtol=1e-5)
+    assert np.all(p > 0)
+    assert_law(p, mean, cov, label="Dirichlet")
+
+
+def test_two_plates_of_different_sizes_sample_the_exact_posterior():
+    y1, y2, mean, cov = make_two_groups(n1=2000, n2=500)
+    rng = np.random.default_rng(2)
+    start = rng.multivariate_normal(mean, cov, size=CHAINS)  # (delta, mu)
+    z = {"delta": jnp.asarray(start[:, 0], jnp.float32), "mu": jnp.asarray(start[:, 1], jnp.float32)}
+    centre = {k: jnp.full(CHAINS, m, jnp.float32) for k, m in zip(("delta", "mu"), mean)}
+    kernel = SGLDFP(two_groups, step_size=0.02)
+    mcmc = run(kernel, (y1, y2), ChainInit(z, centre=centre), num_warmup=5, num_samples=300)
+    assert kernel.plates["a"].size == 2000 and kernel.plates["b"].size == 500
+    assert kernel.num_data == 2500 and kernel.inverse_temperature == 2500.0
+    s = mcmc.get_samples(group_by_chain=True)
+    x = np.stack([np.asarray(s["delta"]), np.asarray(s["mu"])], -1)
+    assert_law(x, mean, cov, label="two plates")
