@@ -83,7 +83,7 @@ def plot(sg, nuts, mode, laplace_cov, path):
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
     angle = np.linspace(0, 2 * np.pi, 200)
     circle = np.sqrt(5.991) * np.stack([np.cos(angle), np.sin(angle)])  # chi2(2) 95%
-    for ax, (i, j) in zip(axes, [(1, 2), (0, 3), (2, 3)]):
+    for ax, (i, j) in zip(axes, [(1, 2), (0, 3), (2, 3)], strict=True):
         ax.scatter(nuts[:, i], nuts[:, j], s=3, alpha=0.3, label="NUTS (full data)")
         ax.scatter(sg[:, i], sg[:, j], s=3, alpha=0.3, label="SGLD-FP, Γ = J⁻¹")
         block = laplace_cov[np.ix_([i, j], [i, j])]
@@ -150,7 +150,8 @@ def main():
     c_sg, c_nuts = np.cov(sg_draws.T), np.cov(nuts_draws.T)
     print("\ncovariance, relative Frobenius difference (Monte Carlo error alone is a few %):")
     print(f"  SGLD-FP vs NUTS {rel(c_sg, c_nuts):6.1%}")
-    print(f"  SGLD-FP vs (nJ)⁻¹ {rel(c_sg, laplace):6.1%}   NUTS vs (nJ)⁻¹ {rel(c_nuts, laplace):6.1%}")
+    print(f"  SGLD-FP vs (nJ)⁻¹ {rel(c_sg, laplace):6.1%}")
+    print(f"  NUTS    vs (nJ)⁻¹ {rel(c_nuts, laplace):6.1%}")
     print(f"mode and J by Newton's method: {t_mode:.1f} s")
     print("wall time (warm-up and compilation included); passes over the data for the kept draws:")
     print(f"  SGLD-FP {t_sg:6.1f} s {sg_epochs:8.0f} passes")

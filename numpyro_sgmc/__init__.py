@@ -8,6 +8,7 @@ kernels implement its meta-algorithm (§2)
 with ``ĝ`` the minibatch or control-variate estimate of the average gradient ``-∇U/n``.
 """
 
+from numpyro_sgmc.batches import shuffle_rows
 from numpyro_sgmc.diagnostics import DivergenceWarning
 from numpyro_sgmc.kernels import (
     SGD,
@@ -15,6 +16,8 @@ from numpyro_sgmc.kernels import (
     SGLDFP,
     CentreWarning,
     ChainInit,
+    DataOrderWarning,
+    PerformanceWarning,
     SGMCKernel,
     SGMCState,
 )
@@ -25,10 +28,12 @@ __version__ = "0.1.0"
 __all__ = [
     "CentreWarning",
     "ChainInit",
+    "DataOrderWarning",
     "Dense",
     "Diagonal",
     "DivergenceWarning",
     "Identity",
+    "PerformanceWarning",
     "SGD",
     "SGLD",
     "SGLDFP",
@@ -36,4 +41,5 @@ __all__ = [
     "SGMCState",
     "flat_layout",
     "layerwise",
+    "shuffle_rows",
 ]

@@ -14,8 +14,8 @@ import inspect
 import warnings
 
 import jax
-import numpy as np
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 __all__ = ["DivergenceWarning", "report_new_divergences", "tree_all_finite", "user_stacklevel"]

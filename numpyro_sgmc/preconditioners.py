@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Optional
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree

@@ -1,11 +1,12 @@
-"""Subsample plates: finding them, drawing batch indices in O(b), and the data-indexed model.
+"""Subsample plates: finding them, giving them the kernel's indices, and the batch potential.
 
 A NumPyro model marks its data with ``numpyro.plate(name, n, subsample_size=b)``, exactly as
 for SVI or :class:`~numpyro.infer.hmc_gibbs.HMCECS`. NumPyro's own plate draws its indices
 with a Fisher-Yates scan over ``arange(n)`` on CPU, which is O(n) per step, so the kernels
 never let it run: the :class:`subsample_indices` handler hands every subsample plate the
-indices the kernel drew (or, for a trace that only needs shapes, the first ``b`` rows), and
-the plate keeps its ``n / b`` log-likelihood scaling for whatever batch length it is given.
+indices the kernel drew (:mod:`numpyro_sgmc.batches`; or, for a trace that only needs
+shapes, the first ``b`` rows), and the plate keeps its ``n / b`` log-likelihood scaling for
+whatever batch length it is given.
 
 With those indices the model's potential is NumPyro's own (:func:`numpyro.infer.util.
 potential_energy` in unconstrained space), so constraints, Jacobians, masks and ``scale``
@@ -13,8 +14,7 @@ handlers behave exactly as under NUTS. The :class:`weight_data` handler addition
 reweights each datum, which is how exact full-data sums are computed in chunks
 (:func:`numpyro_sgmc.gradients.full_data_gradient`).
 
-Theory: ``shared/design/theory.md`` §1 (``Ũ`` scales the batch log-likelihood by ``n/b``)
-and §2 (batches with replacement, O(b) per step).
+Theory: ``shared/design/theory.md`` §1 (``Ũ`` scales the batch log-likelihood by ``n/b``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Callable, NamedTuple, Optional
 
 import jax.numpy as jnp
+import numpy as np
 from jax import random
 from numpyro.handlers import seed, trace
 from numpyro.infer.initialization import init_to_uniform
@@ -33,7 +34,6 @@ __all__ = [
     "SubsamplePlate",
     "SubsampledModel",
     "data_indexed_model",
-    "draw_batch",
     "find_subsample_plates",
     "first_batch",
     "first_rows",
@@ -197,6 +197,7 @@ def find_subsample_plates(
     :param model: a NumPyro model whose data plate(s) use ``subsample_size``.
     :param batch_size: ``None`` to keep each plate's ``subsample_size``; an int to use that
         batch size in every subsample plate; or a dict ``{plate name: batch size}``.
+    :param rng_key: key for the prior draws of the trace (default ``PRNGKey(0)``).
     :return: ``(plates, trace)``: plate name -> :class:`SubsamplePlate`, and the prototype
         trace (plates fixed to their first rows).
     :raises ValueError: no subsample plate; a batch larger than its plate; a latent variable
@@ -243,7 +244,7 @@ def find_subsample_plates(
             b = batch_size.get(name, model_b)
         else:
             b = model_b if batch_size is None else batch_size
-        if not isinstance(b, int) or isinstance(b, bool) or b < 1:
+        if not isinstance(b, (int, np.integer)) or isinstance(b, bool) or b < 1:
             raise ValueError(f"batch_size for plate '{name}' must be a positive int, got {b!r}.")
         if b > size:
             raise ValueError(
@@ -267,22 +268,6 @@ def find_subsample_plates(
                 "not support: marginalise it out, or move it out of the subsample plate."
             )
     return plates, model_trace
-
-
-def draw_batch(rng_key, plates: dict) -> Batch:
-    """Draw batch indices for every subsample plate: ``b_p`` uniform indices with replacement.
-
-    O(b) time and memory per plate (never ``arange(n)``). A plate whose batch size equals its
-    size gets ``arange(n)``: the full data, no gradient noise.
-    """
-    keys = random.split(rng_key, len(plates))
-    indices = {}
-    for key, (name, plate) in zip(keys, sorted(plates.items())):
-        if plate.batch_size == plate.size:
-            indices[name] = jnp.arange(plate.size)
-        else:
-            indices[name] = random.randint(key, (plate.batch_size,), 0, plate.size)
-    return Batch(indices)
 
 
 def first_batch(plates: dict) -> Batch:

@@ -1,12 +1,13 @@
 """Stationary covariance of the linearised meta-algorithm (``shared/design/theory.md`` §3).
 
 Near the mode ``θ̂`` the iteration ``θ' = θ + (h/2)Γĝ(θ) + sqrt(h/β)Λ^{1/2}ξ`` is the linear
-recursion ``δ' = (I - A) δ + noise`` with
+recursion ``δ' = (I - A) δ + noise``, with
 
 .. math::
 
     A = \\tfrac{h}{2}\\,\\Gamma J, \\qquad
-    D = \\tfrac{h}{\\beta}\\Lambda + \\tfrac{h^2}{4b}\\,\\Gamma\\,[\\,I_g + M(\\Sigma)\\,]\\,\\Gamma,
+    D = \\tfrac{h}{\\beta}\\Lambda
+        + \\tfrac{h^2}{4b}\\,\\Gamma\\,[\\,I_g + M(\\Sigma)\\,]\\,\\Gamma,
     \\qquad M(\\Sigma) = \\tfrac{1}{n}\\textstyle\\sum_i H_i \\Sigma H_i - \\bar H \\Sigma \\bar H,
 
 where ``I_g`` is the covariance of the per-datum gradients at ``θ̂`` (absent with control
@@ -52,6 +53,7 @@ def stationary_covariance(
     noise_preconditioner=None,
     hessians=None,
     control_variates: bool = False,
+    batch_sampling: str = "with_replacement",
     tol: float = 1e-12,
     max_iter: int = 1000,
 ) -> np.ndarray:
@@ -71,6 +73,8 @@ def stationary_covariance(
     :param hessians: optional ``(n, d, d)`` per-datum Hessians ``∇²l(θ̂; X_i)``, for the term
         ``M(Σ)`` (needed with control variates, a relative ``O(1/n)`` correction otherwise).
     :param control_variates: whether the chain uses the control-variate gradient.
+    :param batch_sampling: ``"with_replacement"`` (noise ``I/b``) or ``"without_replacement"``
+        (``b`` distinct indices per step: ``(n-b)/(n-1) · I/b``).
     :return: ``(d, d)`` covariance of ``θ`` (not scaled by ``n``).
     """
     J = np.asarray(J, np.float64)
@@ -79,10 +83,19 @@ def stationary_covariance(
     beta = float(n) if inverse_temperature is None else float(inverse_temperature)
     gamma = _as_matrix(preconditioner, d)
     lam = gamma if noise_preconditioner is None else _as_matrix(noise_preconditioner, d)
+    if batch_sampling == "with_replacement":
+        noise = h * h / (4 * b)
+    elif batch_sampling == "without_replacement":
+        noise = h * h / (4 * b) * (n - b) / (n - 1)
+    else:
+        raise ValueError(
+            f"batch_sampling must be 'with_replacement' or 'without_replacement', got "
+            f"{batch_sampling!r} (epochs have no i.i.d.-noise prediction)."
+        )
     F = np.eye(d) - 0.5 * h * gamma @ J
     D0 = np.zeros((d, d)) if math.isinf(beta) else (h / beta) * lam
     if not control_variates:
-        D0 = D0 + (h * h / (4 * b)) * gamma @ np.asarray(I, np.float64) @ gamma.T
+        D0 = D0 + noise * gamma @ np.asarray(I, np.float64) @ gamma.T
     if hessians is None:
         if control_variates:
             raise ValueError(
@@ -96,7 +109,7 @@ def stationary_covariance(
 
     def hessian_noise(sigma):
         spread = np.einsum("nij,jk,nlk->il", GH, sigma, GH) / H.shape[0]
-        return (h * h / (4 * b)) * (spread - GH_bar @ sigma @ GH_bar.T)
+        return noise * (spread - GH_bar @ sigma @ GH_bar.T)
 
     sigma = discrete_lyapunov(F, D0)
     for _ in range(max_iter):

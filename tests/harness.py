@@ -10,9 +10,28 @@ error in the covariance (``|0.5 Σ_ii| > Z_MAX · SE_ii`` on the diagonal).
 
 from __future__ import annotations
 
+import jax
 import numpy as np
+from numpyro.infer import MCMC
 
 Z_MAX = 4.5  # ~1e-5 two-sided per element under the null; fixed seeds make it deterministic
+
+
+def run_chains(kernel, args, init_params, num_warmup, num_samples, seed=0):
+    """Vectorised chains, one per row of ``init_params``; asserts that none diverged."""
+    params = init_params.params if hasattr(init_params, "params") else init_params
+    num_chains = jax.tree.leaves(params)[0].shape[0]
+    mcmc = MCMC(
+        kernel,
+        num_warmup=num_warmup,
+        num_samples=num_samples,
+        num_chains=num_chains,
+        chain_method="vectorized",
+        progress_bar=False,
+    )
+    mcmc.run(jax.random.key(seed), *args, init_params=init_params)
+    assert not np.any(np.asarray(mcmc.get_extra_fields()["diverging"]))
+    return mcmc
 
 
 def chain_estimates(draws):

@@ -84,7 +84,10 @@ def draws(mcmc, site="theta"):
 
 
 def two_groups(y1, y2, b1=50, b2=20):
-    """Two datasets of different sizes sharing ``mu``: ``y1 ~ N(mu, 1)``, ``y2 ~ N(mu + delta, 2)``."""
+    """Two datasets of different sizes sharing ``mu``.
+
+    ``y1 ~ N(mu, 1)`` (plate "a"), ``y2 ~ N(mu + delta, 2)`` (plate "b").
+    """
     mu = numpyro.sample("mu", dist.Normal(0.0, PRIOR_SCALE))
     delta = numpyro.sample("delta", dist.Normal(0.0, PRIOR_SCALE))
     with numpyro.plate("a", y1.shape[0], subsample_size=b1):

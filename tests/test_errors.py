@@ -18,9 +18,11 @@ from numpyro_sgmc import (
     SGLDFP,
     CentreWarning,
     ChainInit,
+    DataOrderWarning,
     Dense,
     Diagonal,
     layerwise,
+    shuffle_rows,
 )
 from problems import linear_regression, make_linear_regression
 
@@ -164,6 +166,7 @@ def test_centre_without_control_variates(problem):
             ChainInit({"theta": jnp.zeros(3)}, centre={"theta": jnp.zeros(3)}))
 
 
+@pytest.mark.filterwarnings("ignore:.*Out-of-support values:UserWarning")
 def test_no_finite_starting_point(problem):
     def model(X, y):
         theta = numpyro.sample("theta", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
@@ -174,6 +177,19 @@ def test_no_finite_starting_point(problem):
 
     with pytest.raises(RuntimeError, match="No starting point with a finite potential"):
         run(SGLD(model, step_size=1e-3), problem)
+
+
+def test_blocks_of_sorted_rows_warn_and_shuffled_rows_do_not(problem):
+    rows = np.argsort(np.asarray(problem.y))
+    ordered = problem._replace(X=problem.X[rows], y=problem.y[rows])
+    start = {"theta": jnp.asarray(problem.mode, jnp.float32)}
+    kernel = SGLD(linear_regression, step_size=1e-3, batch_sampling="blocks")
+    with pytest.warns(DataOrderWarning, match="rows look ordered.*shuffle_rows"):
+        run(kernel, ordered, start)
+    X, y = shuffle_rows(jax.random.key(0), ordered.X, ordered.y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DataOrderWarning)
+        run(kernel, ordered._replace(X=X, y=y), start)
 
 
 def test_centre_far_from_the_mode_warns_and_a_mode_centre_does_not(problem):

@@ -8,13 +8,14 @@ import pytest
 from jax.flatten_util import ravel_pytree
 
 from numpyro_sgmc import SGLD, SGLDFP
+from numpyro_sgmc.batches import batch_sampler
 from numpyro_sgmc.gradients import (
     Centre,
     control_variate_gradient,
     full_data_gradient,
     minibatch_gradient,
 )
-from numpyro_sgmc.subsample import draw_batch, initialize, num_data
+from numpyro_sgmc.subsample import initialize, num_data
 from problems import (
     PRIOR_SCALE,
     linear_regression,
@@ -24,7 +25,6 @@ from problems import (
 )
 
 
-
 def exact_linear_gradient(p, theta):
     """-∇U(θ)/n for the linear regression, in float64."""
     X, y = np.asarray(p.X, np.float64), np.asarray(p.y, np.float64)
@@ -32,27 +32,69 @@ def exact_linear_gradient(p, theta):
     return (per_datum.sum(0) - theta / PRIOR_SCALE**2) / p.n, per_datum
 
 
-def batch_gradients(estimate, plates, z, args, centre=None, draws=20000):
+def batch_gradients(estimate, plates, z, args, centre=None, draws=20000, method="with_replacement"):
+    """Gradient estimates on ``draws`` independent batches (epochs: consecutive batches)."""
+    sampler = batch_sampler(plates, method)
+
+    def one(state, k):
+        batch, state = sampler.draw(state, k)
+        return state, ravel_pytree(estimate(z, batch, args, {}, centre))[0]
+
     keys = jax.random.split(jax.random.key(3), draws)
-    one = lambda k: ravel_pytree(estimate(z, draw_batch(k, plates), args, {}, centre))[0]
-    return np.asarray(jax.jit(jax.vmap(one))(keys), np.float64)
+    _, grads = jax.jit(lambda keys: jax.lax.scan(one, sampler.init(keys[0]), keys))(keys)
+    return np.asarray(grads, np.float64)
 
 
-@pytest.mark.parametrize("batch_size", [None, 7])
-def test_minibatch_gradient_is_unbiased_with_the_batch_size_used(batch_size):
-    p = make_linear_regression(n=1000)
+@pytest.mark.parametrize(
+    "n, batch_size, method, order",
+    [
+        (1000, None, "with_replacement", None),
+        (1000, 7, "with_replacement", None),
+        (1000, 500, "without_replacement", None),
+        # rows in random order: a block is a batch of distinct indices, up to a fluctuation
+        # of the noise covariance of about sqrt(2b/n) = 4.5% for this fixed order
+        (10_000, 10, "blocks", None),
+        (1000, 50, "blocks", "sorted"),  # unbiased for any row order, but far noisier
+    ],
+)
+def test_minibatch_gradient_is_unbiased_with_the_batch_size_used(n, batch_size, method, order):
+    p = make_linear_regression(n=n)
+    if order == "sorted":
+        rows = np.argsort(np.asarray(p.y))
+        p = p._replace(X=p.X[rows], y=p.y[rows])
     prep = initialize(jax.random.key(0), linear_regression, (p.X, p.y), batch_size=batch_size)
     b = 100 if batch_size is None else batch_size
     assert prep.plates["data"].batch_size == b
     theta = p.mode + np.array([0.3, -0.2, 0.1])
     z = {"theta": jnp.asarray(theta, jnp.float32)}
-    g = batch_gradients(minibatch_gradient(prep.potential_fn, p.n), prep.plates, z, (p.X, p.y))
+    estimate = minibatch_gradient(prep.potential_fn, p.n)
+    g = batch_gradients(estimate, prep.plates, z, (p.X, p.y), method=method)
     exact, per_datum = exact_linear_gradient(p, theta)
     se = g.std(0) / np.sqrt(len(g))
     assert np.all(np.abs(g.mean(0) - exact) < 4.5 * se)
-    # with replacement, the estimate's covariance is Cov_i(∇l_i)/b exactly
-    predicted_var = np.var(per_datum, axis=0) / b
-    np.testing.assert_allclose(g.var(0), predicted_var, rtol=0.06)
+    # covariance Cov_i(∇l_i)/b, times (n-b)/(n-1) for b distinct indices (half, at b = n/2);
+    # blocks of rows in random order are b distinct indices too
+    factor = 1.0 if method == "with_replacement" else (p.n - b) / (p.n - 1)
+    predicted_var = factor * np.var(per_datum, axis=0) / b
+    if order == "sorted":
+        assert np.sum(g.var(0)) > 3 * np.sum(predicted_var)
+    else:
+        rtol = 0.15 if method == "blocks" else 0.06
+        np.testing.assert_allclose(g.var(0), predicted_var, rtol=rtol)
+
+
+def test_an_epoch_sums_to_the_full_gradient():
+    """Random reshuffling: the n/b batches of an epoch cover the data once (b divides n)."""
+    p = make_linear_regression(n=1000)
+    prep = initialize(jax.random.key(0), linear_regression, (p.X, p.y), batch_size=40)
+    theta = p.mode + np.array([0.3, -0.2, 0.1])
+    z = {"theta": jnp.asarray(theta, jnp.float32)}
+    estimate = minibatch_gradient(prep.potential_fn, p.n)
+    g = batch_gradients(estimate, prep.plates, z, (p.X, p.y), draws=75, method="epochs")
+    exact, _ = exact_linear_gradient(p, theta)
+    for epoch in g.reshape(3, 25, -1):
+        np.testing.assert_allclose(epoch.mean(0), exact, rtol=2e-4, atol=1e-5)
+    assert not np.allclose(g[:25], g[25:50])  # a new order every epoch
 
 
 def test_two_plates_each_scaled_by_its_own_size():
@@ -119,12 +161,21 @@ def test_two_plate_full_gradient_in_chunks_matches_one_pass():
 
 
 @pytest.mark.filterwarnings("ignore::numpyro_sgmc.CentreWarning")
-@pytest.mark.parametrize("kernel_cls", [SGLD, SGLDFP])
-def test_a_step_never_touches_an_array_of_the_data_size(kernel_cls):
+@pytest.mark.parametrize(
+    "kernel_cls, method",
+    [
+        (SGLD, "with_replacement"),
+        (SGLDFP, "with_replacement"),
+        (SGLD, "without_replacement"),
+        (SGLD, "epochs"),
+        (SGLD, "blocks"),
+    ],
+)
+def test_a_step_never_touches_an_array_of_the_data_size(kernel_cls, method):
     """O(b) per step: no intermediate of the compiled draw has a dimension of size n."""
     n = 12347  # prime, so no batch or parameter shape can coincide with it
     p = make_linear_regression(n=n)
-    kernel = kernel_cls(linear_regression, step_size=1e-3, num_steps=3)
+    kernel = kernel_cls(linear_regression, step_size=1e-3, num_steps=3, batch_sampling=method)
     state = kernel.init(jax.random.key(0), 0, None, (p.X, p.y), {})
     jaxpr = jax.make_jaxpr(lambda s, X, y: kernel.sample(s, (X, y), {}))(state, p.X, p.y)
 

@@ -172,6 +172,8 @@ def test_progress_bar_shows_divergences(problem):
     assert kernel.get_diagnostics_str(state) == "0 divergences"
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning:numpy")  # print_summary of huge draws
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 def test_divergence_is_flagged_warned_and_never_nan(problem):
     # h·λmax(J)/2 ≈ 20: the linearised chain is unstable and blows up to inf within the draw
     kernel = SGLD(linear_regression, step_size=20.0, num_steps=50)

@@ -1,6 +1,23 @@
 """``numpyro.infer.MCMC`` kernels: the shared shell and the named samplers."""
 
-from numpyro_sgmc.kernels.base import CentreWarning, ChainInit, SGMCKernel, SGMCState
+from numpyro_sgmc.kernels.base import (
+    CentreWarning,
+    ChainInit,
+    DataOrderWarning,
+    PerformanceWarning,
+    SGMCKernel,
+    SGMCState,
+)
 from numpyro_sgmc.kernels.sgld import SGD, SGLD, SGLDFP
 
-__all__ = ["CentreWarning", "ChainInit", "SGD", "SGLD", "SGLDFP", "SGMCKernel", "SGMCState"]
+__all__ = [
+    "CentreWarning",
+    "ChainInit",
+    "DataOrderWarning",
+    "PerformanceWarning",
+    "SGD",
+    "SGLD",
+    "SGLDFP",
+    "SGMCKernel",
+    "SGMCState",
+]

@@ -21,6 +21,7 @@ chain with its own values. Per-chain values enter through ``init_params`` as a
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from functools import partial
 from typing import Any, NamedTuple, Optional
@@ -29,11 +30,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax, random
+from jax.flatten_util import ravel_pytree
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import identity, is_prng_key, not_jax_tracer
 
 from numpyro_sgmc import preconditioners
+from numpyro_sgmc.batches import BATCH_SAMPLING, batch_sampler
 from numpyro_sgmc.diagnostics import report_new_divergences, tree_all_finite, user_stacklevel
 from numpyro_sgmc.diffusions import langevin_step, sgd_step
 from numpyro_sgmc.gradients import (
@@ -42,9 +45,19 @@ from numpyro_sgmc.gradients import (
     full_data_gradient,
     minibatch_gradient,
 )
-from numpyro_sgmc.subsample import draw_batch, first_batch, full_data, initialize, num_data
+from numpyro_sgmc.subsample import first_batch, full_data, initialize, num_data
 
-__all__ = ["CentreWarning", "ChainInit", "SGMCKernel", "SGMCState"]
+__all__ = [
+    "CentreWarning",
+    "ChainInit",
+    "DataOrderWarning",
+    "PerformanceWarning",
+    "SGMCKernel",
+    "SGMCState",
+]
+
+_DIAGNOSTICS_INTERVAL = 0.25  # seconds between progress-bar reads of the divergence count
+_LARGE_DATA_BYTES = 2**24  # model arguments above this trigger a PerformanceWarning
 
 
 class SGMCState(NamedTuple):
@@ -60,6 +73,7 @@ class SGMCState(NamedTuple):
     :param noise_preconditioner: the noise preconditioner ``Λ``, or ``None`` for ``Λ = Γ``.
     :param centre: :class:`~numpyro_sgmc.gradients.Centre` for control variates, else ``None``.
     :param average: running mean of the iterates after warm-up (SGD), else ``None``.
+    :param batch_state: state of the batch sampler (:mod:`~numpyro_sgmc.batches`).
     :param rng_key: PRNG key for the next step.
     """
 
@@ -72,6 +86,7 @@ class SGMCState(NamedTuple):
     noise_preconditioner: Any
     centre: Optional[Centre]
     average: Optional[dict]
+    batch_state: Any
     rng_key: Any
 
 
@@ -100,6 +115,10 @@ class CentreWarning(UserWarning):
     """The control-variate centre is far from a mode of the potential."""
 
 
+class DataOrderWarning(UserWarning):
+    """``batch_sampling="blocks"`` on rows that are not in random order."""
+
+
 def _check_step_size(step_size) -> float:
     try:
         h = float(step_size)
@@ -122,24 +141,26 @@ def _stack(trees):
     return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
-def _warn_if_data_compiled_in(model_args, model_kwargs, limit_bytes=2**24):
-    """Warn when large data reach the sampling loop as constants instead of arguments.
+class PerformanceWarning(UserWarning):
+    """A NumPyro setting makes the sampling loop handle the data in O(n) per draw or compile."""
 
-    ``MCMC(..., jit_model_args=False)`` (NumPyro's default) closes the compiled loop over the
-    model arguments, so XLA embeds the data in the program: compile time and memory then grow
-    with ``n`` (about 15 s for 400 MB here). Concrete (non-traced) arrays at trace time of
-    :meth:`SGMCKernel.sample` mean exactly that.
-    """
-    leaves = jax.tree.leaves((model_args, model_kwargs))
-    size = sum(getattr(x, "nbytes", 0) for x in leaves if not_jax_tracer(x))
-    if size > limit_bytes:
-        warnings.warn(
-            f"The model arguments ({size / 2**20:.0f} MB) are compiled into the sampling loop "
-            "as constants, which makes compilation slow and doubles their memory. Pass "
-            "MCMC(..., jit_model_args=True) so that the data reach the loop as arguments.",
-            UserWarning,
-            stacklevel=user_stacklevel(),
-        )
+
+def _data_bytes(model_args, model_kwargs) -> tuple[int, int]:
+    """Bytes of the model arguments that are concrete arrays, and bytes that are traced."""
+    concrete = traced = 0
+    for x in jax.tree.leaves((model_args, model_kwargs)):
+        if not hasattr(x, "dtype"):
+            continue
+        nbytes = int(np.prod(jnp.shape(x))) * x.dtype.itemsize
+        if not_jax_tracer(x):
+            concrete += nbytes
+        else:
+            traced += nbytes
+    return concrete, traced
+
+
+def _warn_large_data(message: str):
+    warnings.warn(message, PerformanceWarning, stacklevel=user_stacklevel())
 
 
 class SGMCKernel(MCMCKernel):
@@ -169,6 +190,11 @@ class SGMCKernel(MCMCKernel):
     :param bool control_variates: use the control-variate estimator around a centre ``θ̂``
         (each chain's starting position unless :class:`ChainInit` gives one), with the
         full-data gradient at ``θ̂`` computed once at ``init``.
+    :param str batch_sampling: ``"with_replacement"`` (default; ``b`` uniform indices),
+        ``"without_replacement"`` (``b`` distinct indices per step), ``"epochs"`` (each datum
+        at most once per epoch, reshuffled every epoch) or ``"blocks"`` (``b`` consecutive
+        rows from a random start: fastest for large data, needs rows in random order, see
+        :func:`~numpyro_sgmc.shuffle_rows`); all O(b) per step (:mod:`~numpyro_sgmc.batches`).
     :param int num_steps: iterations of the update per MCMC draw (as HMC's ``num_steps``
         leapfrog steps per draw): ``num_samples`` draws cost ``num_samples * num_steps``
         iterations, and the state's ``i`` counts iterations. Several iterations per draw run in
@@ -192,6 +218,7 @@ class SGMCKernel(MCMCKernel):
         preconditioner=None,
         noise_preconditioner=None,
         control_variates=False,
+        batch_sampling="with_replacement",
         num_steps=100,
         init_strategy=init_to_uniform,
         chunk_size=65536,
@@ -200,7 +227,7 @@ class SGMCKernel(MCMCKernel):
             raise TypeError(f"model must be a NumPyro model (a callable), got {model!r}.")
         self._model = model
         self._step_size = _check_step_size(step_size)
-        if batch_size is not None and not isinstance(batch_size, (int, dict)):
+        if batch_size is not None and not isinstance(batch_size, (int, np.integer, dict)):
             raise TypeError(
                 f"batch_size must be None, an int or a dict {{plate: int}}, got {batch_size!r}."
             )
@@ -222,6 +249,12 @@ class SGMCKernel(MCMCKernel):
             )
         )
         self._control_variates = bool(control_variates)
+        if batch_sampling not in BATCH_SAMPLING:
+            raise ValueError(
+                f"Unknown batch_sampling {batch_sampling!r}; choose one of "
+                f"{', '.join(BATCH_SAMPLING)}."
+            )
+        self._batch_sampling = batch_sampling
         if not (isinstance(num_steps, int) and not isinstance(num_steps, bool) and num_steps >= 1):
             raise ValueError(f"num_steps must be a positive int, got {num_steps!r}.")
         self._num_steps = num_steps
@@ -233,6 +266,9 @@ class SGMCKernel(MCMCKernel):
         self._potential_fn = None
         self._postprocess = None
         self._sample_fn = None
+        self._diagnostics = None
+        self._traced_data_bytes = 0
+        self._warned_progress_copy = False
 
     # ---- configuration -------------------------------------------------------------------
 
@@ -278,7 +314,25 @@ class SGMCKernel(MCMCKernel):
         return ("z", "diverging")
 
     def get_diagnostics_str(self, state):
-        return "{} divergences".format(int(jnp.sum(state.num_diverging)))
+        """Divergences so far, for NumPyro's progress bar.
+
+        The bar asks after every draw; reading the count waits for the draw to finish, so it
+        is read at most every ``_DIAGNOSTICS_INTERVAL`` seconds and the last string reused in
+        between, which lets NumPyro dispatch the next draws while this one computes.
+        """
+        if self._traced_data_bytes > _LARGE_DATA_BYTES and not self._warned_progress_copy:
+            # MCMC(jit_model_args=True) with the progress bar: each draw is a separate call that
+            # returns the model arguments, and XLA copies them every time
+            _warn_large_data(
+                f"With jit_model_args=True, NumPyro's progress bar copies the model arguments "
+                f"({self._traced_data_bytes / 2**20:.0f} MB) on every draw (about 0.15 s for "
+                "400 MB here). Pass MCMC(..., progress_bar=False) for data this large."
+            )
+            self._warned_progress_copy = True
+        now = time.monotonic()
+        if self._diagnostics is None or now - self._diagnostics[0] >= _DIAGNOSTICS_INTERVAL:
+            self._diagnostics = (now, f"{int(np.sum(state.num_diverging))} divergences")
+        return self._diagnostics[1]
 
     def postprocess_fn(self, model_args, model_kwargs):
         """Map unconstrained draws to constrained values and deterministic sites.
@@ -302,12 +356,14 @@ class SGMCKernel(MCMCKernel):
                 "was built without them (use SGLDFP, or control_variates=True)."
             )
         self._num_warmup_steps = num_warmup * self._num_steps
+        self._diagnostics = None
+        self._warned_progress_copy = False
         batched = not is_prng_key(rng_key)
         if batched:
-            keys = jax.vmap(random.split)(rng_key)
-            rng_key, key_init = keys[:, 0], keys[:, 1]
+            keys = jax.vmap(partial(random.split, num=3))(rng_key)
+            rng_key, key_init, key_batches = keys[:, 0], keys[:, 1], keys[:, 2]
         else:
-            rng_key, key_init = random.split(rng_key)
+            rng_key, key_init, key_batches = random.split(rng_key, 3)
 
         prepared = initialize(
             key_init,
@@ -318,16 +374,22 @@ class SGMCKernel(MCMCKernel):
             init_strategy=self._init_strategy,
         )
         self._plates = prepared.plates
+        self._batches = batch_sampler(self._plates, self._batch_sampling)
         self._potential_fn = prepared.potential_fn
         self._postprocess = prepared.postprocess_fn
         estimator = control_variate_gradient if self._control_variates else minibatch_gradient
         self._estimator = estimator(self._potential_fn, num_data(self._plates))
-        self._sample_fn = self._step  # MCMC re-runs `init` on a `post_warmup_state` until this is set
+        # MCMC re-runs `init` on a `post_warmup_state` until this is set
+        self._sample_fn = self._step
 
         z = prepared.init_params if chain_init.params is None else chain_init.params
         self._check_params(z, prepared.init_params, batched)
         if chain_init.params is not None:
             self._check_finite_start(z, model_args, model_kwargs, batched)
+        if self._batch_sampling == "blocks":
+            first = _chain(z, 0) if batched else z
+            key = key_init[0] if batched else key_init
+            self._check_row_order(first, key, model_args, model_kwargs)
         num_chains = jax.tree.leaves(z)[0].shape[0] if batched else None
 
         gamma = self._per_chain(
@@ -351,7 +413,7 @@ class SGMCKernel(MCMCKernel):
                 self._check_params(centre_z, prepared.init_params, batched, "ChainInit.centre")
             centre = self._centre(centre_z, key_init, model_args, model_kwargs, batched)
 
-        def new_state(z, gamma, lam, centre, key):
+        def new_state(z, gamma, lam, centre, key, key_batches):
             zero = jnp.zeros((), jnp.result_type(float))
             return SGMCState(
                 i=jnp.array(0),
@@ -363,12 +425,13 @@ class SGMCKernel(MCMCKernel):
                 noise_preconditioner=lam,
                 centre=centre,
                 average=z if self._tracks_average else None,
+                batch_state=self._batches.init(key_batches),
                 rng_key=key,
             )
 
         if batched:
-            return jax.vmap(new_state)(z, gamma, lam, centre, rng_key)
-        return new_state(z, gamma, lam, centre, rng_key)
+            return jax.vmap(new_state)(z, gamma, lam, centre, rng_key, key_batches)
+        return new_state(z, gamma, lam, centre, rng_key, key_batches)
 
     @staticmethod
     def _check_params(params, prototype, batched, what="init_params"):
@@ -392,8 +455,11 @@ class SGMCKernel(MCMCKernel):
         """A user-given start must have a finite potential and gradient on the first batch."""
         batch = first_batch(self._plates)
         value_and_grad = jax.value_and_grad(self._potential_fn)
-        fn = lambda z: tree_all_finite(value_and_grad(z, batch, model_args, model_kwargs))
-        finite = jax.jit(jax.vmap(fn) if batched else fn)(z)
+
+        def finite_at(z):
+            return tree_all_finite(value_and_grad(z, batch, model_args, model_kwargs))
+
+        finite = jax.jit(jax.vmap(finite_at) if batched else finite_at)(z)
         if not_jax_tracer(finite) and not np.all(finite):
             bad = np.flatnonzero(~np.atleast_1d(np.asarray(finite)))
             raise ValueError(
@@ -401,6 +467,38 @@ class SGMCKernel(MCMCKernel):
                 + (f" of chain(s) {bad.tolist()}" if batched else "")
                 + ". init_params are unconstrained values: check they are in the support after "
                 "the transform, and that the model's log-density is finite there."
+            )
+
+    def _check_row_order(self, z, rng_key, model_args, model_kwargs, draws=32):
+        """Warn if blocks of rows give far noisier gradients than random batches at ``z``.
+
+        On rows in random order the two have the same covariance, ``(n-b)/(n-1) I/b``; on
+        ordered rows (sorted, grouped, in time order) a block is a biased sample of one region.
+        """
+        estimate = minibatch_gradient(self._potential_fn, num_data(self._plates))
+
+        def spread(method, key):
+            draw = batch_sampler(self._plates, method).draw
+
+            def flat_gradient(k):
+                return ravel_pytree(estimate(z, draw((), k)[0], model_args, model_kwargs))[0]
+
+            grads = jax.vmap(flat_gradient)(random.split(key, draws))
+            return jnp.sum(jnp.var(grads, axis=0))
+
+        key_blocks, key_random = random.split(rng_key)
+        ratio = jax.jit(lambda a, b: spread("blocks", a) / spread("without_replacement", b))(
+            key_blocks, key_random
+        )
+        if not_jax_tracer(ratio) and float(ratio) > 3.0:
+            warnings.warn(
+                f"{type(self).__name__}: with batch_sampling='blocks' the gradient noise is "
+                f"{float(ratio):.3g} times that of random batches: the rows look ordered "
+                "(sorted, grouped or in time order), so each block samples one region of the "
+                "data. Shuffle them once, e.g. X, y = numpyro_sgmc.shuffle_rows(key, X, y), "
+                "or use batch_sampling='with_replacement'.",
+                DataOrderWarning,
+                stacklevel=user_stacklevel(),
             )
 
     @staticmethod
@@ -428,7 +526,7 @@ class SGMCKernel(MCMCKernel):
             full_data_gradient, self._potential_fn, self._plates, chunk_size=self._chunk_size
         )
         minibatch = minibatch_gradient(self._potential_fn, num_data(self._plates))
-        plates = self._plates
+        draw = batch_sampler(self._plates).draw  # with replacement: noise covariance I/b
 
         def centre_and_offset(z, key, args, kwargs):
             g_full = full(z, args, kwargs)
@@ -437,15 +535,18 @@ class SGMCKernel(MCMCKernel):
             noise = jax.vmap(
                 lambda k: _tree_norm(
                     jax.tree.map(
-                        jnp.subtract, minibatch(z, draw_batch(k, plates), args, kwargs), g_full
+                        jnp.subtract, minibatch(z, draw((), k)[0], args, kwargs), g_full
                     )
                 )
                 ** 2
             )(random.split(key, 4))
             return Centre(z, g_full), _tree_norm(g_full) ** 2, jnp.mean(noise)
 
-        fn = jax.jit(jax.vmap(centre_and_offset, (0, 0, None, None)) if batched else centre_and_offset)
-        centre, grad_sq, noise_sq = fn(centre_z, rng_key, model_args, model_kwargs)
+        if batched:
+            centre_and_offset = jax.vmap(centre_and_offset, (0, 0, None, None))
+        centre, grad_sq, noise_sq = jax.jit(centre_and_offset)(
+            centre_z, rng_key, model_args, model_kwargs
+        )
         if not_jax_tracer(grad_sq):
             self._warn_far_centre(np.atleast_1d(grad_sq), np.atleast_1d(noise_sq))
         return centre
@@ -473,7 +574,7 @@ class SGMCKernel(MCMCKernel):
 
     def _step(self, state: SGMCState, model_args, model_kwargs) -> SGMCState:
         key, key_batch, key_noise = random.split(state.rng_key, 3)
-        batch = draw_batch(key_batch, self._plates)
+        batch, batch_state = self._batches.draw(state.batch_state, key_batch)
         grad = self._estimator(state.z, batch, model_args, model_kwargs, state.centre)
         beta = self.inverse_temperature
         if math.isinf(beta):
@@ -498,15 +599,22 @@ class SGMCKernel(MCMCKernel):
             i=state.i + 1,
             z=z,
             grad_norm=_tree_norm(grad),
-            diverging=~finite,  # per step; `sample` reports it per draw
             num_diverging=state.num_diverging + (~finite).astype(state.num_diverging.dtype),
             average=average,
+            batch_state=batch_state,
             rng_key=key,
         )
 
     def sample(self, state, model_args, model_kwargs):
         """One MCMC draw: ``num_steps`` iterations of the update in one compiled loop."""
-        _warn_if_data_compiled_in(model_args, model_kwargs)
+        concrete, self._traced_data_bytes = _data_bytes(model_args, model_kwargs)
+        if concrete > _LARGE_DATA_BYTES:
+            # MCMC(jit_model_args=False), NumPyro's default, closes the loop over the data
+            _warn_large_data(
+                f"The model arguments ({concrete / 2**20:.0f} MB) are compiled into the sampling "
+                "loop as constants, which makes compilation slow (about 15 s for 400 MB here). "
+                "Pass MCMC(..., jit_model_args=True, progress_bar=False) for data this large."
+            )
         step = partial(
             self._step,
             model_args=tuple(model_args),

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import math
 
-from numpyro.infer.initialization import init_to_uniform
-
 from numpyro_sgmc.kernels.base import SGMCKernel
 
 __all__ = ["SGD", "SGLD", "SGLDFP"]
@@ -43,52 +41,26 @@ class SGLD(SGMCKernel):
         mcmc.run(jax.random.key(0), X, y)
         mcmc.print_summary()
 
+    Arguments (all but ``model`` and ``step_size`` keyword-only) are those of
+    :class:`~numpyro_sgmc.kernels.base.SGMCKernel`:
+
     :param model: a NumPyro model whose data plate(s) declare ``subsample_size``.
     :param float step_size: ``h`` on the average-gradient scale.
-    :param batch_size: ``None`` (the plates' ``subsample_size``), an int, or ``{plate: int}``.
     :param inverse_temperature: ``β``; ``None`` for ``n`` (the posterior); ``n/w`` targets
         the posterior tempered by ``w`` (with ``Γ = J⁻¹``, rows B and G of Table 1).
-    :param preconditioner: ``Γ``: ``None``, :class:`~numpyro_sgmc.Diagonal`,
-        :func:`~numpyro_sgmc.layerwise` or :class:`~numpyro_sgmc.Dense`.
-    :param noise_preconditioner: ``Λ``; ``None`` for ``Λ = Γ``.
-    :param bool control_variates: the control-variate gradient (this is then SGLD-FP).
-    :param int num_steps: iterations per MCMC draw (default 100), as HMC's ``num_steps``:
-        ``MCMC(..., num_samples=N)`` runs ``N * num_steps`` iterations and keeps every
-        ``num_steps``-th iterate. ``num_steps=1`` keeps every iterate.
-    :param init_strategy: NumPyro init strategy, used where ``init_params`` gives no start.
-    :param int chunk_size: rows per plate at once in full-data gradients.
+    :param kwargs: ``batch_size``, ``preconditioner`` (``Γ``), ``noise_preconditioner``
+        (``Λ``, default ``Γ``), ``control_variates`` (this is then SGLD-FP),
+        ``batch_sampling``, ``num_steps`` (iterations per MCMC draw, default 100: ``N``
+        draws cost ``100 N`` iterations; ``num_steps=1`` keeps every iterate),
+        ``init_strategy``, ``chunk_size``.
     """
 
-    def __init__(
-        self,
-        model,
-        step_size,
-        *,
-        batch_size=None,
-        inverse_temperature=None,
-        preconditioner=None,
-        noise_preconditioner=None,
-        control_variates=False,
-        num_steps=100,
-        init_strategy=init_to_uniform,
-        chunk_size=65536,
-    ):
+    def __init__(self, model, step_size, *, inverse_temperature=None, **kwargs):
         if inverse_temperature is not None and math.isinf(float(inverse_temperature)):
             raise ValueError(
                 "inverse_temperature=inf removes the noise: that is SGD, use numpyro_sgmc.SGD."
             )
-        super().__init__(
-            model,
-            step_size,
-            batch_size=batch_size,
-            inverse_temperature=inverse_temperature,
-            preconditioner=preconditioner,
-            noise_preconditioner=noise_preconditioner,
-            control_variates=control_variates,
-            num_steps=num_steps,
-            init_strategy=init_strategy,
-            chunk_size=chunk_size,
-        )
+        super().__init__(model, step_size, inverse_temperature=inverse_temperature, **kwargs)
 
 
 class SGLDFP(SGLD):
@@ -137,39 +109,14 @@ class SGD(SGMCKernel):
     ``extra_fields=("average",)``, or read ``mcmc.last_state.average``), whose covariance
     after ``m`` epochs approaches ``S/(n m)`` (row A).
 
-    :param model: a NumPyro model whose data plate(s) declare ``subsample_size``.
-    :param float step_size: ``h`` on the average-gradient scale.
-    :param batch_size: ``None`` (the plates' ``subsample_size``), an int, or ``{plate: int}``.
-    :param preconditioner: ``Γ``: ``None``, :class:`~numpyro_sgmc.Diagonal`,
-        :func:`~numpyro_sgmc.layerwise` or :class:`~numpyro_sgmc.Dense`.
-    :param bool control_variates: use the control-variate gradient around the start.
-    :param int num_steps: iterations per MCMC draw (default 100); see :class:`SGLD`.
-    :param init_strategy: NumPyro init strategy, used where ``init_params`` gives no start.
-    :param int chunk_size: rows per plate at once in full-data gradients.
+    Takes the arguments of :class:`~numpyro_sgmc.kernels.base.SGMCKernel` except
+    ``inverse_temperature`` and ``noise_preconditioner`` (there is no noise).
     """
 
     _tracks_average = True
 
-    def __init__(
-        self,
-        model,
-        step_size,
-        *,
-        batch_size=None,
-        preconditioner=None,
-        control_variates=False,
-        num_steps=100,
-        init_strategy=init_to_uniform,
-        chunk_size=65536,
-    ):
-        super().__init__(
-            model,
-            step_size,
-            batch_size=batch_size,
-            inverse_temperature=math.inf,
-            preconditioner=preconditioner,
-            control_variates=control_variates,
-            num_steps=num_steps,
-            init_strategy=init_strategy,
-            chunk_size=chunk_size,
-        )
+    def __init__(self, model, step_size, **kwargs):
+        for name in ("inverse_temperature", "noise_preconditioner"):
+            if name in kwargs:
+                raise TypeError(f"SGD adds no noise, so it takes no {name}; use SGLD.")
+        super().__init__(model, step_size, inverse_temperature=math.inf, **kwargs)
