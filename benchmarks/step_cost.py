@@ -15,8 +15,10 @@ Every configuration runs the same update; all are timed in this one process:
 
 ``MCMC.run`` compiles on every call, so our per-iteration cost is the difference of a long
 and a short run divided by the difference in iterations; the fixed cost (compilation and
-``init``) is printed apart. Each number is the median of ``--reps`` repetitions.
-Run: ``python benchmarks/step_cost.py`` (about 15 minutes on 2 cores).
+``init``) is printed apart. Each number is the median of ``--reps`` repetitions, and each
+ratio the median of ratios to a hand-written measurement taken just before it.
+Every row runs in a fresh process. Run: ``python benchmarks/step_cost.py`` (about 40 minutes
+on 2 cores; ``--sizes 1e4 --seconds 4`` for a quick look).
 """
 
 from __future__ import annotations
@@ -24,8 +26,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 import warnings
 
@@ -123,25 +128,26 @@ def blackjax_step(n):
     return step
 
 
-def time_loop(build_step, n, data, draws, reps, steps=100):
-    """Median seconds per iteration of a jitted loop (compiled once beforehand)."""
+def loop_timer(build_step, n, data, draws, steps=100):
+    """Compile a jitted loop; return ``measure(seed) -> seconds per iteration``."""
     run = scan_loop(build_step(n), steps, draws)
     theta = jnp.zeros(D)
-    jax.block_until_ready(run(jax.random.key(0), theta, *data))  # compile
-    times = []
-    for r in range(reps):
+    jax.block_until_ready(run(jax.random.key(0), theta, *data))
+
+    def measure(seed):
         t = time.perf_counter()
-        jax.block_until_ready(run(jax.random.key(r + 1), theta, *data))
-        times.append((time.perf_counter() - t) / (draws * steps))
-    return statistics.median(times)
+        jax.block_until_ready(run(jax.random.key(seed + 1), theta, *data))
+        return (time.perf_counter() - t) / (draws * steps), None
+
+    return measure
 
 
-def time_ours(data, steps, progress_bar, jit_model_args, batching, reps, seconds, short_draws=20):
-    """Median seconds per iteration through ``MCMC.run``, and the median fixed cost per run.
+def mcmc_timer(data, steps, progress_bar, jit_model_args, batching, seconds, short_draws=20):
+    """Return ``measure(seed) -> (seconds per iteration, fixed seconds per run)`` for MCMC.run.
 
     ``MCMC.run`` re-traces part of its loop on every call, so the cost per iteration is the
-    difference between a long and a short run (one warm-up call per MCMC object discarded);
-    the long run is sized to take about ``seconds`` of sampling.
+    difference between a long and a short run; the long run is sized here, once, to take
+    about ``seconds`` of sampling.
     """
 
     def once(num_samples, seed):
@@ -165,12 +171,13 @@ def time_ours(data, steps, progress_bar, jit_model_args, batching, reps, seconds
     while (elapsed := once(short_draws + draws, 0) - base) < 1.0:
         draws *= 4
     long_draws = short_draws + max(draws, int(seconds * draws / elapsed))
-    per_iter, fixed = [], []
-    for r in range(reps):
-        t_short, t_long = once(short_draws, r + 1), once(long_draws, r + 1)
-        per_iter.append((t_long - t_short) / ((long_draws - short_draws) * steps))
-        fixed.append(t_short - short_draws * steps * per_iter[-1])
-    return statistics.median(per_iter), statistics.median(fixed)
+
+    def measure(seed):
+        t_short, t_long = once(short_draws, seed + 1), once(long_draws, seed + 1)
+        per_iter = (t_long - t_short) / ((long_draws - short_draws) * steps)
+        return per_iter, t_short - short_draws * steps * per_iter
+
+    return measure
 
 
 CONFIGS = [  # (num_steps, progress_bar, jit_model_args, batch_sampling)
@@ -183,58 +190,84 @@ CONFIGS = [  # (num_steps, progress_bar, jit_model_args, batch_sampling)
 ]
 
 
+def label(config):
+    steps, pb, jit_args, batching = config
+    bar = "on " if pb else "off"
+    name = f"ours, num_steps={steps:<3}, bar {bar}, jit_model_args={jit_args!s:<5}"
+    return name + (", blocks" if batching == "blocks" else "")
+
+
+def measure_one(n, which, reps, iterations, seconds):
+    """In this process: ``reps`` pairs (hand-written, ``which``) at size ``n``, as JSON."""
+    data = make_data(n)
+    hand = loop_timer(hand_written_step, n, data, iterations // 100)
+    if which == "hand":
+        target = hand
+    elif which == "blackjax":
+        target = loop_timer(blackjax_step, n, data, iterations // 100)
+    else:
+        target = mcmc_timer(data, *CONFIGS[int(which)], seconds)
+    runs = []
+    for rep in range(reps):
+        baseline, _ = hand(rep)
+        value, fixed = target(rep)
+        runs.append({"seconds": value, "ratio": value / baseline, "fixed": fixed})
+    return runs
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=float, nargs="+", default=[1e4, 1e7])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=300_000,
                         help="iterations per timed run of the hand-written and blackjax loops")
-    parser.add_argument("--seconds", type=float, default=4.0,
+    parser.add_argument("--seconds", type=float, default=15.0,
                         help="sampling time of each long MCMC.run")
+    parser.add_argument("--one", nargs=2, metavar=("N", "WHICH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.one:
+        n, which = int(float(args.one[0])), args.one[1]
+        print(json.dumps(measure_one(n, which, args.reps, args.iterations, args.seconds)))
+        return
     try:
         import blackjax  # noqa: F401
-        have_blackjax = True
+        targets = ["hand", "blackjax"]
     except ImportError:
-        have_blackjax = False
-        print("blackjax is not installed (pip install -e '.[bench]'): its column is skipped")
+        targets = ["hand"]
+        print("blackjax is not installed (pip install -e '.[bench]'): its row is skipped")
+    targets += [str(k) for k in range(len(CONFIGS))]
+    names = {"hand": "hand-written lax.scan", "blackjax": "blackjax.sgld"}
+    names.update({str(k): label(c) for k, c in enumerate(CONFIGS)})
 
     print(f"jax {jax.__version__}, numpyro {numpyro.__version__}, {jax.devices()[0]}, "
-          f"{os.cpu_count()} cores; d={D}, b={B}; µs per iteration, median of {args.reps}\n")
-    results = {}
+          f"{os.cpu_count()} cores; d={D}, b={B}; µs per iteration, median of {args.reps}, "
+          "each row in a fresh process\n")
+    per_iteration = {}
     for n in map(int, args.sizes):
-        data = make_data(n)
-        draws = args.iterations // 100
-        row = {}
-        row["hand-written lax.scan"] = time_loop(hand_written_step, n, data, draws, args.reps)
-        if have_blackjax:
-            row["blackjax.sgld"] = time_loop(blackjax_step, n, data, draws, args.reps)
-        for steps, pb, jit_args, batching in CONFIGS:
-            name = (f"ours, num_steps={steps:<3}, bar {'on ' if pb else 'off'}, "
-                    f"jit_model_args={jit_args!s:<5}")
-            if batching == "blocks":
-                name += ", blocks"
-            row[name], row[name + " (fixed s)"] = time_ours(
-                data, steps, pb, jit_args, batching, args.reps, args.seconds
-            )
-        results[n] = row
-        hand = row["hand-written lax.scan"]
         print(f"n = {n:.0e}")
-        for name, value in row.items():
-            if name.endswith("(fixed s)"):
-                continue
-            fixed = row.get(name + " (fixed s)")
-            extra = f"   compile+init {fixed:5.2f} s" if fixed is not None else ""
-            print(f"  {name:<66} {value * 1e6:9.2f} µs {value / hand:7.2f}x hand{extra}",
-                  flush=True)
+        per_iteration[n] = {}
+        for which in targets:
+            # a fresh process per row: compiled programs and allocations of one configuration
+            # (hundreds of MB at n = 10^7) must not slow the next one down
+            command = [sys.executable, __file__, "--one", str(n), which, "--reps",
+                       str(args.reps), "--iterations", str(args.iterations),
+                       "--seconds", str(args.seconds)]
+            out = subprocess.run(command, capture_output=True, text=True, check=True)
+            runs = json.loads(out.stdout.strip().splitlines()[-1])
+            value = statistics.median(r["seconds"] for r in runs)
+            ratio = statistics.median(r["ratio"] for r in runs)
+            per_iteration[n][names[which]] = value
+            line = f"  {names[which]:<66} {value * 1e6:9.2f} µs {ratio:7.2f}x hand"
+            if runs[0]["fixed"] is not None:
+                line += f"   compile+init {statistics.median(r['fixed'] for r in runs):5.2f} s"
+            print(line, flush=True)
         print()
-    sizes = sorted(results)
+    sizes = sorted(per_iteration)
     if len(sizes) > 1:
         lo, hi = sizes[0], sizes[-1]
-        print(f"per-iteration cost at n = {hi:.0e} relative to n = {lo:.0e}:")
-        for name in results[lo]:
-            if not name.endswith("(fixed s)"):
-                print(f"  {name:<66} {results[hi][name] / results[lo][name]:5.2f}x")
+        print(f"per-iteration cost at n = {hi:.0e} relative to n = {lo:.0e} (medians):")
+        for name in per_iteration[lo]:
+            print(f"  {name:<66} {per_iteration[hi][name] / per_iteration[lo][name]:5.2f}x")
 
 
 if __name__ == "__main__":

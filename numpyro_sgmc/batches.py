@@ -135,7 +135,8 @@ def batch_sampler(plates: dict, method: str = "with_replacement") -> BatchSample
             f"Unknown batch_sampling {method!r}; choose one of {', '.join(BATCH_SAMPLING)}."
         )
 
-    def indices(name, plate, key, epoch_position=None):
+    def indices(plate, key, step=None):
+        """Indices for one plate; ``key`` is per step, or per chain with the epoch ``step``."""
         n, b = plate.size, plate.batch_size
         if b == n:
             return jnp.arange(n)
@@ -145,8 +146,8 @@ def batch_sampler(plates: dict, method: str = "with_replacement") -> BatchSample
             return permuted_index(key, jnp.arange(b), n)
         if method == "blocks":
             return (random.randint(key, (), 0, n) + jnp.arange(b)) % n
-        epoch, start = epoch_position(n // b)
-        return permuted_index(random.fold_in(key, epoch), start * b + jnp.arange(b), n)
+        epoch, position = step // (n // b), step % (n // b)
+        return permuted_index(random.fold_in(key, epoch), position * b + jnp.arange(b), n)
 
     if method != "epochs":
 
@@ -154,7 +155,7 @@ def batch_sampler(plates: dict, method: str = "with_replacement") -> BatchSample
             return ()
 
         def draw(state, rng_key):
-            batch = {name: indices(name, p, k) for k, (name, p) in _plate_keys(rng_key, plates)}
+            batch = {name: indices(p, k) for k, (name, p) in _plate_keys(rng_key, plates)}
             return Batch(batch), state
 
         return BatchSampler(init, draw)
@@ -163,13 +164,8 @@ def batch_sampler(plates: dict, method: str = "with_replacement") -> BatchSample
         return EpochState(rng_key, jnp.zeros((), jnp.int32))
 
     def draw(state, rng_key):
-        def epoch_position(steps_per_epoch):
-            return state.step // steps_per_epoch, state.step % steps_per_epoch
-
-        batch = {
-            name: indices(name, p, k, epoch_position)
-            for k, (name, p) in _plate_keys(state.key, plates)
-        }
+        keys = _plate_keys(state.key, plates)
+        batch = {name: indices(p, k, state.step) for k, (name, p) in keys}
         return Batch(batch), state._replace(step=state.step + 1)
 
     return BatchSampler(init, draw)
