@@ -8,8 +8,12 @@ kernels implement its meta-algorithm (§2)
 with ``ĝ`` the minibatch or control-variate estimate of the average gradient ``-∇U/n``.
 """
 
+from numpyro_sgmc import theory
+from numpyro_sgmc.autotune import TuningReport, autotune, target_weights
 from numpyro_sgmc.batches import shuffle_rows
+from numpyro_sgmc.check import RunCheck, check_run
 from numpyro_sgmc.diagnostics import DivergenceWarning
+from numpyro_sgmc.fisher import Information, information, per_datum_hessians
 from numpyro_sgmc.kernels import (
     SGD,
     SGLD,
@@ -22,24 +26,37 @@ from numpyro_sgmc.kernels import (
     SGMCState,
 )
 from numpyro_sgmc.preconditioners import Dense, Diagonal, Identity, flat_layout, layerwise
+from numpyro_sgmc.warmstart import ConvergenceWarning, WarmStart, warm_start
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CentreWarning",
     "ChainInit",
+    "ConvergenceWarning",
     "DataOrderWarning",
     "Dense",
     "Diagonal",
     "DivergenceWarning",
     "Identity",
+    "Information",
     "PerformanceWarning",
+    "RunCheck",
     "SGD",
     "SGLD",
     "SGLDFP",
     "SGMCKernel",
     "SGMCState",
+    "TuningReport",
+    "WarmStart",
+    "autotune",
+    "check_run",
     "flat_layout",
+    "information",
     "layerwise",
+    "per_datum_hessians",
     "shuffle_rows",
+    "target_weights",
+    "theory",
+    "warm_start",
 ]

@@ -102,9 +102,7 @@ def permuted_index(rng_key, position, n: int):
 
     x = feistel(jnp.asarray(position).astype(jnp.uint32))
     # cycle walking: leave [n, 2^(2·half)) by applying the permutation again
-    x = lax.while_loop(
-        lambda x: jnp.any(x >= n), lambda x: jnp.where(x >= n, feistel(x), x), x
-    )
+    x = lax.while_loop(lambda x: jnp.any(x >= n), lambda x: jnp.where(x >= n, feistel(x), x), x)
     return x.astype(jnp.int32)
 
 

@@ -192,4 +192,3 @@ def apply_sqrt(precond, tree: dict) -> dict:
         return {k: jnp.sqrt(precond.scale[k]) * v for k, v in tree.items()}
     flat, unravel = ravel_pytree(tree)
     return unravel(precond.cholesky @ flat)
-

@@ -205,9 +205,7 @@ def find_subsample_plates(
     """
     model_kwargs = {} if model_kwargs is None else model_kwargs
     rng_key = random.PRNGKey(0) if rng_key is None else rng_key
-    model_trace = trace(seed(first_rows(model), rng_key)).get_trace(
-        *model_args, **model_kwargs
-    )
+    model_trace = trace(seed(first_rows(model), rng_key)).get_trace(*model_args, **model_kwargs)
     declared = {
         name: site["args"]
         for name, site in model_trace.items()

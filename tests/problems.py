@@ -112,3 +112,46 @@ def make_two_groups(n1=2000, n2=500, seed=0):
     cov = np.linalg.inv(precision)
     mean = cov @ A.T @ (w * y)
     return jnp.asarray(y1, jnp.float32), jnp.asarray(y2, jnp.float32), mean, cov
+
+
+def poisson_regression(X, y=None, subsample_size=100):
+    """Poisson regression with a log link (misspecified when the counts are overdispersed)."""
+    theta = numpyro.sample(
+        "theta", dist.Normal(0.0, PRIOR_SCALE).expand([X.shape[1]]).to_event(1)
+    )
+    with numpyro.plate("data", X.shape[0], subsample_size=subsample_size):
+        Xb = numpyro.subsample(X, event_dim=1)
+        yb = None if y is None else numpyro.subsample(y, event_dim=0)
+        numpyro.sample("y", dist.Poisson(jnp.exp(Xb @ theta)), obs=yb)
+
+
+def make_overdispersed_counts(n=10_000, concentration=1.5, seed=0):
+    """Counts ``~ NegativeBinomial(mean exp(Xθ), concentration)``, an intercept and two
+    correlated covariates: a Poisson fit to them has ``I ≈ (1 + μ/r) J``, clearly not ``J``.
+    """
+    rng = np.random.default_rng(seed)
+    Z = rng.multivariate_normal([0.0, 0.0], [[1.0, 0.6], [0.6, 1.0]], size=n)
+    X = np.column_stack([np.ones(n), 0.5 * Z])
+    mean = np.exp(X @ np.array([0.5, 0.4, -0.3]))
+    y = rng.negative_binomial(concentration, concentration / (concentration + mean))
+    return jnp.asarray(X, jnp.float32), jnp.asarray(y, jnp.float32)
+
+
+def logistic_regression(X, y=None, subsample_size=100):
+    theta = numpyro.sample(
+        "theta", dist.Normal(0.0, PRIOR_SCALE).expand([X.shape[1]]).to_event(1)
+    )
+    with numpyro.plate("data", X.shape[0], subsample_size=subsample_size):
+        Xb = numpyro.subsample(X, event_dim=1)
+        yb = None if y is None else numpyro.subsample(y, event_dim=0)
+        numpyro.sample("y", dist.Bernoulli(logits=Xb @ theta), obs=yb)
+
+
+def make_logistic(n=100_000, d=4, rho=0.5, seed=0):
+    """Well-specified logistic regression with equicorrelated covariates."""
+    rng = np.random.default_rng(seed)
+    cov_x = (1 - rho) * np.eye(d) + rho * np.ones((d, d))
+    X = rng.multivariate_normal(np.zeros(d), cov_x, size=n)
+    theta = np.linspace(1.0, -0.5, d)
+    y = rng.random(n) < 1.0 / (1.0 + np.exp(-X @ theta))
+    return jnp.asarray(X, jnp.float32), jnp.asarray(y, jnp.float32)

@@ -238,15 +238,11 @@ class SGMCKernel(MCMCKernel):
                 raise ValueError(f"inverse_temperature must be positive, got {beta!r}.")
             inverse_temperature = beta
         self._inverse_temperature = inverse_temperature
-        self._preconditioner = preconditioners._as_preconditioner(
-            preconditioner, "preconditioner"
-        )
+        self._preconditioner = preconditioners._as_preconditioner(preconditioner, "preconditioner")
         self._noise_preconditioner = (
             None
             if noise_preconditioner is None
-            else preconditioners._as_preconditioner(
-                noise_preconditioner, "noise_preconditioner"
-            )
+            else preconditioners._as_preconditioner(noise_preconditioner, "noise_preconditioner")
         )
         self._control_variates = bool(control_variates)
         if batch_sampling not in BATCH_SAMPLING:
@@ -510,9 +506,7 @@ class SGMCKernel(MCMCKernel):
             )
         if chain_spec is None:
             shared = preconditioners.prepare(kernel_spec, _chain(z, 0), role)
-            return jax.tree.map(
-                lambda x: jnp.broadcast_to(x, (num_chains,) + jnp.shape(x)), shared
-            )
+            return jax.tree.map(lambda x: jnp.broadcast_to(x, (num_chains,) + jnp.shape(x)), shared)
         return _stack(
             [
                 preconditioners.prepare(_chain(chain_spec, c), _chain(z, c), f"ChainInit.{role}")
@@ -533,12 +527,14 @@ class SGMCKernel(MCMCKernel):
             # gradient noise of a few batches at the centre: its size is the scale on which the
             # full-data gradient at a mode is zero (theory §3: ĝ noise has covariance I/b)
             noise = jax.vmap(
-                lambda k: _tree_norm(
-                    jax.tree.map(
-                        jnp.subtract, minibatch(z, draw((), k)[0], args, kwargs), g_full
+                lambda k: (
+                    _tree_norm(
+                        jax.tree.map(
+                            jnp.subtract, minibatch(z, draw((), k)[0], args, kwargs), g_full
+                        )
                     )
+                    ** 2
                 )
-                ** 2
             )(random.split(key, 4))
             return Centre(z, g_full), _tree_norm(g_full) ** 2, jnp.mean(noise)
 

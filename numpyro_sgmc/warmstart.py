@@ -1,0 +1,314 @@
+"""Warm start: run the subsampled model to its mode with an optax optimizer (Adam).
+
+The starting point of every tuned run (``shared/design/theory.md`` §3–§4, §6). One call runs
+``K`` restarts from different initial values in one vectorised ``lax.scan``; each minimises
+the minibatch estimate of the average potential
+
+.. math::
+
+    L(z) = \\tilde U(z) / n = -\\tfrac{1}{n}\\log p_0(z)
+           - \\tfrac{1}{b}\\textstyle\\sum_{i\\in B}\\, l(z; X_i)
+
+(a MAP fit in unconstrained space, equivalent to SVI with ``AutoDelta``), with random
+reshuffling (every datum once per epoch) and by default Adam with a cosine-decayed learning
+rate, so the last iterates settle at the mode instead of rattling around it at the scale of
+the learning rate. What the later steps need is kept: the mode (unconstrained and
+constrained), Adam's moments ``μ`` and ``ν`` (the seed's preconditioner statistics, §6), the
+full-data average gradient at the mode (one chunked pass) and the loss trace.
+
+**Convergence check.** With ``g`` the full-data average gradient at the end and ``s_j`` the
+standard deviation of the per-datum gradients over the data (from
+:func:`numpyro_sgmc.fisher.information` on a subsample), ``z_j = sqrt(n)·|g_j|/s_j`` is, for a
+well-specified model (``I ≈ J``), how many posterior standard deviations coordinate ``j`` of
+the mode is away from a zero of the gradient (``δ = J⁻¹g`` against a posterior sd
+``(nJ)^{-1/2}``). A restart with ``max_j z_j > tol`` is reported as not converged, with its
+numbers, by a :class:`ConvergenceWarning`.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax import lax, random
+from numpyro.infer.initialization import init_to_uniform
+
+from numpyro_sgmc.batches import batch_sampler
+from numpyro_sgmc.diagnostics import user_stacklevel
+from numpyro_sgmc.fisher import information
+from numpyro_sgmc.gradients import full_data_gradient
+from numpyro_sgmc.preconditioners import flat_layout
+from numpyro_sgmc.subsample import initialize, num_data
+
+__all__ = ["ConvergenceWarning", "WarmStart", "warm_start"]
+
+
+class ConvergenceWarning(UserWarning):
+    """The optimizer stopped before the mode (the gradient there is too large)."""
+
+
+class WarmStart(NamedTuple):
+    """What :func:`warm_start` found. Every array has a leading axis of length ``K`` (restarts).
+
+    :param dict params: the modes in unconstrained space, site -> ``(K, ...)``; pass them as
+        ``MCMC(..., num_chains=K).run(..., init_params=params)``.
+    :param dict constrained: the modes in constrained space, with the deterministic sites.
+    :param dict gradient: full-data average gradient ``-∇U/n`` at each mode (theory §1's
+        ``ḡ`` with the prior), from one chunked pass over all the data.
+    :param dict first_moment: Adam's ``μ`` of the gradient of ``L`` (``None`` if the optimizer
+        keeps no Adam state).
+    :param dict second_moment: Adam's ``ν`` (``sqrt(ν)`` is Adam's denominator).
+    :param loss: ``(K, num_iterations)`` minibatch loss ``L`` at every iteration.
+    :param gradient_distance: ``(K,)`` ``max_j sqrt(n)|g_j|/s_j``, the distance of each mode
+        from the zero of the gradient in approximate posterior standard deviations.
+    :param converged: ``(K,)`` whether ``gradient_distance <= tol``.
+    :param int num_data: ``n``.
+    :param int num_epochs: passes over the data the optimizer made.
+    :param dict plates: plate name -> :class:`~numpyro_sgmc.subsample.SubsamplePlate`.
+    """
+
+    params: dict
+    constrained: dict
+    gradient: dict
+    first_moment: Optional[dict]
+    second_moment: Optional[dict]
+    loss: np.ndarray
+    gradient_distance: np.ndarray
+    converged: np.ndarray
+    num_data: int
+    num_epochs: float
+    plates: dict
+
+    @property
+    def num_restarts(self) -> int:
+        return int(self.loss.shape[0])
+
+    @property
+    def best(self) -> int:
+        """Index of the restart with the lowest loss over its last epoch."""
+        steps = max(1, self.loss.shape[1] // max(1, math.ceil(self.num_epochs)))
+        return int(np.argmin(self.loss[:, -steps:].mean(axis=1)))
+
+    def member(self, k: int) -> dict:
+        """The unconstrained mode of restart ``k`` (no leading axis)."""
+        return _restart(self.params, k)
+
+    def __str__(self) -> str:
+        lines = [
+            f"WarmStart: {self.num_restarts} restart(s), {self.num_epochs:g} epochs over "
+            f"n = {self.num_data}"
+        ]
+        last = self.loss[:, -max(1, self.loss.shape[1] // 20) :].mean(axis=1)
+        norms = np.sqrt(
+            sum(
+                np.sum(np.reshape(g, (self.num_restarts, -1)) ** 2, axis=1)
+                for g in self.gradient.values()
+            )
+        )
+        for k in range(self.num_restarts):
+            lines.append(
+                f"  restart {k}: final loss {last[k]:.6g}, |full-data gradient| {norms[k]:.3g}, "
+                f"{self.gradient_distance[k]:.2g} posterior sd from the mode"
+                + ("" if self.converged[k] else "  NOT CONVERGED")
+            )
+        return "\n".join(lines)
+
+
+def _adam_moments(opt_state):
+    """Adam's ``(μ, ν)`` from an optax state, wherever it sits in a chain; else ``None``."""
+    found = [
+        s
+        for s in jax.tree.leaves(opt_state, is_leaf=lambda s: isinstance(s, optax.ScaleByAdamState))
+        if isinstance(s, optax.ScaleByAdamState)
+    ]
+    if not found:
+        return None, None
+    return found[0].mu, found[0].nu
+
+
+def warm_start(
+    model: Callable,
+    *model_args,
+    rng_key=None,
+    num_epochs: float = 5,
+    batch_size=None,
+    num_restarts: int = 1,
+    learning_rate: float = 1e-2,
+    optimizer: Optional[optax.GradientTransformation] = None,
+    init_params: Optional[dict] = None,
+    init_strategy=init_to_uniform,
+    tol: float = 1.0,
+    num_check_rows: int = 2048,
+    chunk_size: int = 65536,
+    **model_kwargs,
+) -> WarmStart:
+    """Run ``num_restarts`` optimizers to the mode of ``model``, vectorised, and check them.
+
+    :param model: a NumPyro model whose data plate(s) declare ``subsample_size``.
+    :param model_args: the model's positional arguments (the data).
+    :param rng_key: PRNG key (default ``PRNGKey(0)``): initial values and batches.
+    :param num_epochs: passes over the data (iterations: ``ceil(num_epochs · n / b)``, with
+        ``b`` the total batch size over the plates).
+    :param batch_size: overrides the plates' ``subsample_size`` (int or ``{plate: int}``).
+    :param num_restarts: ``K`` independent runs from different initial values.
+    :param learning_rate: Adam's peak learning rate, decayed by a cosine schedule to 1/1000
+        of it at the last iteration (ignored when ``optimizer`` is given).
+    :param optimizer: any optax transformation to use instead (its Adam moments are kept if
+        it contains ``scale_by_adam``).
+    :param init_params: unconstrained initial values, site -> array with a leading ``K`` axis
+        (or without, to start every restart there); default: ``init_strategy`` per restart.
+    :param tol: the largest ``gradient_distance`` (in posterior sds) counted as converged.
+    :param num_check_rows: rows used to estimate the per-datum gradient scale of the check.
+    :param chunk_size: rows per chunk of the full-data gradient pass.
+    :param model_kwargs: the model's keyword arguments.
+    :return: a :class:`WarmStart`.
+    """
+    if not isinstance(num_restarts, (int, np.integer)) or num_restarts < 1:
+        raise ValueError(f"num_restarts must be a positive int, got {num_restarts!r}.")
+    if not num_epochs > 0:
+        raise ValueError(f"num_epochs must be positive, got {num_epochs!r}.")
+    rng_key = random.PRNGKey(0) if rng_key is None else rng_key
+    key_init, key_run, key_check = random.split(rng_key, 3)
+    init_keys = random.split(key_init, num_restarts)
+    prepared = initialize(
+        init_keys,
+        model,
+        model_args,
+        model_kwargs,
+        batch_size=batch_size,
+        init_strategy=init_strategy,
+    )
+    plates, n = prepared.plates, num_data(prepared.plates)
+    b = sum(p.batch_size for p in plates.values())
+    num_iterations = max(1, math.ceil(num_epochs * n / b))
+    z0 = (
+        prepared.init_params
+        if init_params is None
+        else _restart_axis(init_params, prepared.init_params, num_restarts)
+    )
+    if optimizer is None:
+        schedule = optax.cosine_decay_schedule(learning_rate, num_iterations, alpha=1e-3)
+        optimizer = optax.adam(schedule)
+    sampler = batch_sampler(plates, "epochs")
+    potential_fn = prepared.potential_fn
+
+    def loss_fn(z, batch):
+        return potential_fn(z, batch, model_args, model_kwargs) / n
+
+    def run_one(z, key):
+        key_batches, key_steps = random.split(key)
+
+        def step(carry, k):
+            z, opt_state, batch_state = carry
+            batch, batch_state = sampler.draw(batch_state, k)
+            loss, grad = jax.value_and_grad(loss_fn)(z, batch)
+            updates, opt_state = optimizer.update(grad, opt_state, z)
+            return (optax.apply_updates(z, updates), opt_state, batch_state), loss
+
+        carry = (z, optimizer.init(z), sampler.init(key_batches))
+        (z, opt_state, _), losses = lax.scan(step, carry, random.split(key_steps, num_iterations))
+        gradient = full_data_gradient(potential_fn, plates, z, model_args, model_kwargs, chunk_size)
+        mu, nu = _adam_moments(opt_state)
+        return z, gradient, mu, nu, losses
+
+    z, gradient, mu, nu, losses = jax.jit(jax.vmap(run_one))(
+        z0, random.split(key_run, num_restarts)
+    )
+    losses = np.asarray(losses)
+    finite = (
+        np.isfinite(losses[:, -1])
+        & np.array([np.all(np.isfinite(np.asarray(v))) for v in jax.tree.leaves(z)]).all()
+    )
+    if not np.all(finite):
+        raise FloatingPointError(
+            f"The optimizer diverged (non-finite loss or parameters) in restart(s) "
+            f"{np.flatnonzero(~finite).tolist()}: lower learning_rate (now {learning_rate})."
+        )
+    distance = np.array(
+        [
+            _gradient_distance(
+                model,
+                model_args,
+                model_kwargs,
+                _restart(z, k),
+                _restart(gradient, k),
+                n,
+                num_check_rows,
+                random.fold_in(key_check, k),
+            )
+            for k in range(num_restarts)
+        ]
+    )
+    converged = distance <= tol
+    constrain = prepared.postprocess_fn(model_args, model_kwargs)
+    result = WarmStart(
+        params=z,
+        constrained=jax.vmap(constrain)(z),
+        gradient=gradient,
+        first_moment=mu,
+        second_moment=nu,
+        loss=losses,
+        gradient_distance=distance,
+        converged=converged,
+        num_data=n,
+        num_epochs=num_iterations * b / n,
+        plates=plates,
+    )
+    if not np.all(converged):
+        warnings.warn(
+            f"The warm start has not converged in restart(s) {np.flatnonzero(~converged).tolist()}:"
+            f" after {result.num_epochs:g} epochs the full-data gradient puts the mode "
+            f"{', '.join(f'{x:.3g}' for x in distance[~converged])} posterior standard "
+            f"deviations (tol={tol}) from a zero of the gradient. Run more epochs "
+            f"(num_epochs={num_epochs}) or use a larger learning_rate (now {learning_rate}).\n"
+            + str(result),
+            ConvergenceWarning,
+            stacklevel=user_stacklevel(),
+        )
+    return result
+
+
+def _restart(tree, k):
+    return jax.tree.map(lambda v: v[k], tree)
+
+
+def _restart_axis(init_params, prototype, num_restarts):
+    """``init_params`` with a leading restart axis (broadcast if it has none)."""
+    if not isinstance(init_params, dict) or set(init_params) != set(prototype):
+        raise ValueError(
+            f"init_params must be a dict with the sites {sorted(prototype)}, got "
+            f"{sorted(init_params) if isinstance(init_params, dict) else type(init_params)}."
+        )
+    out = {}
+    for name, proto in prototype.items():
+        v = jnp.asarray(init_params[name], proto.dtype)
+        if v.shape == proto.shape[1:]:
+            v = jnp.broadcast_to(v, proto.shape)
+        if v.shape != proto.shape:
+            raise ValueError(
+                f"init_params['{name}'] has shape {v.shape}; expected {proto.shape[1:]} or, "
+                f"one per restart, {proto.shape}."
+            )
+        out[name] = v
+    return out
+
+
+def _gradient_distance(model, args, kwargs, z, gradient, n, rows, key):
+    """``max_j sqrt(n)|g_j|/s_j`` (see the module docstring).
+
+    ``s_j² = I_jj + J_prior,jj``: the per-datum gradient variance plus the prior's curvature
+    per datum, so that a site the data do not inform is measured on its prior's scale.
+    """
+    info = information(
+        model, *args, params=z, rng_key=key, num_rows=min(rows, n), kind="diagonal", **kwargs
+    )
+    g = np.concatenate([np.ravel(np.asarray(gradient[name])) for name, *_ in flat_layout(z)])
+    scale = np.sqrt(np.asarray(info.I) + np.maximum(np.asarray(info.J_prior), 0.0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(g == 0, 0.0, np.sqrt(n) * np.abs(g) / scale)
+    return float(np.max(ratio))
