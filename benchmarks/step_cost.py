@@ -219,10 +219,15 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=float, nargs="+", default=[1e4, 1e7])
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--iterations", type=int, default=300_000,
-                        help="iterations per timed run of the hand-written and blackjax loops")
-    parser.add_argument("--seconds", type=float, default=15.0,
-                        help="sampling time of each long MCMC.run")
+    parser.add_argument(
+        "--iterations",
+        type=int,
+        default=300_000,
+        help="iterations per timed run of the hand-written and blackjax loops",
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=15.0, help="sampling time of each long MCMC.run"
+    )
     parser.add_argument("--one", nargs=2, metavar=("N", "WHICH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -231,6 +236,7 @@ def main():
         return
     try:
         import blackjax  # noqa: F401
+
         targets = ["hand", "blackjax"]
     except ImportError:
         targets = ["hand"]
@@ -239,9 +245,11 @@ def main():
     names = {"hand": "hand-written lax.scan", "blackjax": "blackjax.sgld"}
     names.update({str(k): label(c) for k, c in enumerate(CONFIGS)})
 
-    print(f"jax {jax.__version__}, numpyro {numpyro.__version__}, {jax.devices()[0]}, "
-          f"{os.cpu_count()} cores; d={D}, b={B}; µs per iteration, median of {args.reps}, "
-          "each row in a fresh process\n")
+    print(
+        f"jax {jax.__version__}, numpyro {numpyro.__version__}, {jax.devices()[0]}, "
+        f"{os.cpu_count()} cores; d={D}, b={B}; µs per iteration, median of {args.reps}, "
+        "each row in a fresh process\n"
+    )
     per_iteration = {}
     for n in map(int, args.sizes):
         print(f"n = {n:.0e}")
@@ -249,9 +257,19 @@ def main():
         for which in targets:
             # a fresh process per row: compiled programs and allocations of one configuration
             # (hundreds of MB at n = 10^7) must not slow the next one down
-            command = [sys.executable, __file__, "--one", str(n), which, "--reps",
-                       str(args.reps), "--iterations", str(args.iterations),
-                       "--seconds", str(args.seconds)]
+            command = [
+                sys.executable,
+                __file__,
+                "--one",
+                str(n),
+                which,
+                "--reps",
+                str(args.reps),
+                "--iterations",
+                str(args.iterations),
+                "--seconds",
+                str(args.seconds),
+            ]
             out = subprocess.run(command, capture_output=True, text=True, check=True)
             runs = json.loads(out.stdout.strip().splitlines()[-1])
             value = statistics.median(r["seconds"] for r in runs)

@@ -278,7 +278,7 @@ def autotune(
     row: Optional[str] = None,
     warm: Optional[WarmStart] = None,
     warm_start_epochs: float = 5,
-    learning_rate: float = 1e-2,
+    learning_rate: float = 0.05,
     num_restarts: int = 1,
     num_rows: Optional[int] = 10000,
     dense: Optional[bool] = None,
@@ -336,14 +336,7 @@ def autotune(
                 **model_kwargs,
             )
     mode = warm.member(warm.best)
-    prepared = initialize(
-        key_info,
-        model,
-        model_args,
-        model_kwargs,
-        batch_size=batch_size,
-        init_strategy=init_to_value(values={}),
-    )
+    prepared = initialize(key_info, model, model_args, model_kwargs, batch_size=batch_size)
     plates, n = prepared.plates, warm.num_data
     d = ravel_pytree(mode)[0].shape[0]
     dense = d <= DENSE_MAX_DIM if dense is None else bool(dense)
@@ -384,7 +377,7 @@ def autotune(
         lam_max = _hessian_power_iteration(
             prepared, mode, key_info, model_args, model_kwargs, num_rows or n
         )
-    candidates = _candidates(w1, w2, row, plates, n)
+    candidates = _candidates(w1, w2, row)
     tunings = [
         _tune(
             name,
@@ -429,15 +422,16 @@ def _newton_polish(mode, warm, J_inv, n, epochs):
     Adam's last iterates rattle around the mode by about a posterior sd; a Newton step from
     there lands within ``O(n^{-1/2})`` of it (the log posterior is nearly quadratic on that
     scale), for the price of nothing: ``J`` and ``ḡ`` are already computed. A step longer
-    than 3 posterior sds (``sqrt(n ḡᵀJ⁻¹ḡ)``) leaves the quadratic region: then the mode is
-    kept and a :class:`~numpyro_sgmc.warmstart.ConvergenceWarning` says so.
+    than 10 posterior sds (``sqrt(n ḡᵀJ⁻¹ḡ)``) is not trusted (the cubic term of the log
+    posterior grows as the square of the distance): then the mode is kept and a
+    :class:`~numpyro_sgmc.warmstart.ConvergenceWarning` says so.
     """
     flat, unravel = ravel_pytree(mode)
     gradient, _ = ravel_pytree(jax.tree.map(lambda v: v[warm.best], warm.gradient))
     g = np.asarray(gradient, np.float64)
     step = J_inv * g if np.ndim(J_inv) == 1 else J_inv @ g
     distance = float(np.sqrt(max(n * float(g @ step), 0.0)))
-    if distance > 3.0:
+    if distance > 10.0:
         warnings.warn(
             f"The warm start stopped {distance:.3g} posterior standard deviations from the mode "
             f"(after {warm.num_epochs:g} epochs), too far for a Newton correction: the "
@@ -450,17 +444,24 @@ def _newton_polish(mode, warm, J_inv, n, epochs):
     return unravel(jnp.asarray(np.asarray(flat, np.float64) + step, flat.dtype)), distance
 
 
-def _candidates(w1, w2, row, plates, n):
-    reachable = ["P4", "P5"] if (w1 == 0 and w2 == 1) else ["P4"] if w1 == 0 else ["G"]
+def _candidates(w1, w2, row):
+    """The Table 1 rows that reach ``w1·S + w2·J⁻¹`` (``row`` forces one of them).
+
+    A tempered posterior (``w1 = 0``) is reached by P4, and the posterior itself also by P5;
+    any ``w1 > 0`` by one tuning, which Table 1 names F (``w2 = 0``), B (``w1 = w2``) or G.
+    """
+    if w1 == 0:
+        reachable = ["P4", "P5"] if w2 == 1 else ["P4"]
+    else:
+        reachable = ["F" if w2 == 0 else "B" if w1 == w2 else "G"]
     if row is None:
         return reachable
-    names = {"B": "G", "F": "G", "G": "G"}
-    if names.get(row, row) not in reachable:
+    if row not in reachable:
         raise ValueError(
-            f"Row {row!r} of Table 1 does not reach this target (w1={w1:g}, w2={w2:g}); rows "
-            f"that do: {reachable} (B, F and G are one tuning: G with w1 = w2, w2 = 0, general)."
+            f"Row {row!r} of Table 1 does not reach this target (w1={w1:g}, w2={w2:g}); the "
+            f"rows that do: {reachable}."
         )
-    return [names.get(row, row)]
+    return [row]
 
 
 def _tune(name, J, I, J_inv, target_cov, plates, n, w1, w2, max_step, lam_max, hessians, min_batch):
@@ -471,7 +472,7 @@ def _tune(name, J, I, J_inv, target_cov, plates, n, w1, w2, max_step, lam_max, h
     """
     batch = {k: p.batch_size for k, p in plates.items()}
     if name == "P4":
-        # mixing in iterations does not depend on b, so the cost per mixing time falls with
+        # mixing in iterations does not depend on b, so the cost per mixing time grows with
         # b: take the smallest batch (down to min_batch) whose control-variate noise is at
         # most half the noise the chain needs, so that the injected noise stays well defined
         gamma, beta = J_inv, n / w2
@@ -501,7 +502,6 @@ def _tune(name, J, I, J_inv, target_cov, plates, n, w1, w2, max_step, lam_max, h
     batch = _first(_halvings(batch, 1), lambda b: 4 * w1 * b / n * top <= max_step)
     b = sum(batch.values())
     h = 4 * w1 * b / (n + w1 * b)
-    name = "F" if w2 == 0 else "B" if w1 == w2 else "G"
     return _predict(name, h, batch, beta, gamma, False, J, I, target_cov, n, None, 1.0)
 
 

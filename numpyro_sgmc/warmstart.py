@@ -10,9 +10,12 @@ the minibatch estimate of the average potential
            - \\tfrac{1}{b}\\textstyle\\sum_{i\\in B}\\, l(z; X_i)
 
 (a MAP fit in unconstrained space, equivalent to SVI with ``AutoDelta``), with random
-reshuffling (every datum once per epoch) and by default Adam with a cosine-decayed learning
-rate, so the last iterates settle at the mode instead of rattling around it at the scale of
-the learning rate. What the later steps need is kept: the mode (unconstrained and
+reshuffling (every datum once per epoch) and by default Adam in two phases: a fifth of the
+iterations at a constant learning rate, then a fresh Adam (whose second moment no longer
+remembers the large gradients of the starting point) with a cosine-decayed rate, so that the
+last iterates settle at the mode instead of rattling around it at the scale of the learning
+rate; the mode returned is the mean of the last tenth of the iterates (tail averaging).
+What the later steps need is kept: the mode (unconstrained and
 constrained), Adam's moments ``μ`` and ``ν`` (the seed's preconditioner statistics, §6), the
 full-data average gradient at the mode (one chunked pass) and the loss trace.
 
@@ -22,7 +25,9 @@ standard deviation of the per-datum gradients over the data (from
 well-specified model (``I ≈ J``), how many posterior standard deviations coordinate ``j`` of
 the mode is away from a zero of the gradient (``δ = J⁻¹g`` against a posterior sd
 ``(nJ)^{-1/2}``). A restart with ``max_j z_j > tol`` is reported as not converged, with its
-numbers, by a :class:`ConvergenceWarning`.
+numbers, by a :class:`ConvergenceWarning`. The default ``tol = 3`` is close enough for a
+control-variate centre and for the Newton step :func:`~numpyro_sgmc.autotune.autotune`
+takes from there; Adam's last iterates typically end 1–2 posterior sds from the mode.
 """
 
 from __future__ import annotations
@@ -55,7 +60,8 @@ class ConvergenceWarning(UserWarning):
 class WarmStart(NamedTuple):
     """What :func:`warm_start` found. Every array has a leading axis of length ``K`` (restarts).
 
-    :param dict params: the modes in unconstrained space, site -> ``(K, ...)``; pass them as
+    :param dict params: the modes in unconstrained space, site -> ``(K, ...)``: the mean of
+        each run's last tenth of iterates. Pass them as
         ``MCMC(..., num_chains=K).run(..., init_params=params)``.
     :param dict constrained: the modes in constrained space, with the deterministic sites.
     :param dict gradient: full-data average gradient ``-∇U/n`` at each mode (theory §1's
@@ -138,11 +144,11 @@ def warm_start(
     num_epochs: float = 5,
     batch_size=None,
     num_restarts: int = 1,
-    learning_rate: float = 1e-2,
+    learning_rate: float = 0.05,
     optimizer: Optional[optax.GradientTransformation] = None,
     init_params: Optional[dict] = None,
     init_strategy=init_to_uniform,
-    tol: float = 1.0,
+    tol: float = 3.0,
     num_check_rows: int = 2048,
     chunk_size: int = 65536,
     **model_kwargs,
@@ -156,8 +162,9 @@ def warm_start(
         ``b`` the total batch size over the plates).
     :param batch_size: overrides the plates' ``subsample_size`` (int or ``{plate: int}``).
     :param num_restarts: ``K`` independent runs from different initial values.
-    :param learning_rate: Adam's peak learning rate, decayed by a cosine schedule to 1/1000
-        of it at the last iteration (ignored when ``optimizer`` is given).
+    :param learning_rate: Adam's learning rate: constant for the first fifth of the
+        iterations, then Adam starts afresh (new moments) and the rate decays by a cosine
+        schedule to 1/1000 of it at the last iteration (ignored when ``optimizer`` is given).
     :param optimizer: any optax transformation to use instead (its Adam moments are kept if
         it contains ``scale_by_adam``).
     :param init_params: unconstrained initial values, site -> array with a leading ``K`` axis
@@ -192,38 +199,65 @@ def warm_start(
         else _restart_axis(init_params, prepared.init_params, num_restarts)
     )
     if optimizer is None:
-        schedule = optax.cosine_decay_schedule(learning_rate, num_iterations, alpha=1e-3)
-        optimizer = optax.adam(schedule)
+        # Adam restarted after a first fifth at constant rate: its second moment remembers
+        # the huge gradients of a poor starting point for ~1/(1-b2) = 1000 steps, which
+        # would stall a short run; the second phase decays the rate to lr/1000 (cosine)
+        first = num_iterations // 5
+        rest = num_iterations - first
+        phases = [
+            (optax.adam(learning_rate), first),
+            (optax.adam(optax.cosine_decay_schedule(learning_rate, rest, alpha=1e-3)), rest),
+        ][0 if first else 1 :]
+    else:
+        phases = [(optimizer, num_iterations)]
     sampler = batch_sampler(plates, "epochs")
     potential_fn = prepared.potential_fn
 
     def loss_fn(z, batch):
         return potential_fn(z, batch, model_args, model_kwargs) / n
 
+    tail = max(1, num_iterations // 10)
+
     def run_one(z, key):
         key_batches, key_steps = random.split(key)
+        batch_state, all_losses, offset = sampler.init(key_batches), [], 0
+        average = jax.tree.map(jnp.zeros_like, z)
+        for phase, (opt, steps) in enumerate(phases):
 
-        def step(carry, k):
-            z, opt_state, batch_state = carry
-            batch, batch_state = sampler.draw(batch_state, k)
-            loss, grad = jax.value_and_grad(loss_fn)(z, batch)
-            updates, opt_state = optimizer.update(grad, opt_state, z)
-            return (optax.apply_updates(z, updates), opt_state, batch_state), loss
+            def step(carry, xs, opt=opt):
+                z, opt_state, batch_state, average = carry
+                k, t = xs
+                batch, batch_state = sampler.draw(batch_state, k)
+                loss, grad = jax.value_and_grad(loss_fn)(z, batch)
+                updates, opt_state = opt.update(grad, opt_state, z)
+                z = optax.apply_updates(z, updates)
+                # running mean of the last `tail` iterates (zero weight before them)
+                weight = jnp.where(
+                    t >= num_iterations - tail, 1.0 / (t - num_iterations + tail + 1), 0.0
+                )
+                average = jax.tree.map(lambda a, x: a + weight * (x - a), average, z)
+                return (z, opt_state, batch_state, average), loss
 
-        carry = (z, optimizer.init(z), sampler.init(key_batches))
-        (z, opt_state, _), losses = lax.scan(step, carry, random.split(key_steps, num_iterations))
-        gradient = full_data_gradient(potential_fn, plates, z, model_args, model_kwargs, chunk_size)
+            keys = random.split(random.fold_in(key_steps, phase), steps)
+            xs = (keys, offset + jnp.arange(steps))
+            (z, opt_state, batch_state, average), losses = lax.scan(
+                step, (z, opt.init(z), batch_state, average), xs
+            )
+            all_losses.append(losses)
+            offset += steps
+        gradient = full_data_gradient(
+            potential_fn, plates, average, model_args, model_kwargs, chunk_size
+        )
         mu, nu = _adam_moments(opt_state)
-        return z, gradient, mu, nu, losses
+        return average, gradient, mu, nu, jnp.concatenate(all_losses)
 
     z, gradient, mu, nu, losses = jax.jit(jax.vmap(run_one))(
         z0, random.split(key_run, num_restarts)
     )
     losses = np.asarray(losses)
-    finite = (
-        np.isfinite(losses[:, -1])
-        & np.array([np.all(np.isfinite(np.asarray(v))) for v in jax.tree.leaves(z)]).all()
-    )
+    finite = np.isfinite(losses[:, -1])
+    for leaf in jax.tree.leaves(z):
+        finite &= np.all(np.isfinite(np.reshape(np.asarray(leaf), (num_restarts, -1))), axis=1)
     if not np.all(finite):
         raise FloatingPointError(
             f"The optimizer diverged (non-finite loss or parameters) in restart(s) "
