@@ -15,9 +15,7 @@ PRIOR_SCALE = 10.0
 
 def linear_regression(X, y=None, noise=1.0, subsample_size=100):
     """Bayesian linear regression, Gaussian prior and likelihood: a conjugate posterior."""
-    theta = numpyro.sample(
-        "theta", dist.Normal(0.0, PRIOR_SCALE).expand([X.shape[1]]).to_event(1)
-    )
+    theta = numpyro.sample("theta", dist.Normal(0.0, PRIOR_SCALE).expand([X.shape[1]]).to_event(1))
     with numpyro.plate("data", X.shape[0], subsample_size=subsample_size):
         Xb = numpyro.subsample(X, event_dim=1)
         yb = None if y is None else numpyro.subsample(y, event_dim=0)
@@ -116,9 +114,7 @@ def make_two_groups(n1=2000, n2=500, seed=0):
 
 def poisson_regression(X, y=None, subsample_size=100):
     """Poisson regression with a log link (misspecified when the counts are overdispersed)."""
-    theta = numpyro.sample(
-        "theta", dist.Normal(0.0, PRIOR_SCALE).expand([X.shape[1]]).to_event(1)
-    )
+    theta = numpyro.sample("theta", dist.Normal(0.0, PRIOR_SCALE).expand([X.shape[1]]).to_event(1))
     with numpyro.plate("data", X.shape[0], subsample_size=subsample_size):
         Xb = numpyro.subsample(X, event_dim=1)
         yb = None if y is None else numpyro.subsample(y, event_dim=0)
@@ -138,9 +134,7 @@ def make_overdispersed_counts(n=10_000, concentration=1.5, seed=0):
 
 
 def logistic_regression(X, y=None, subsample_size=100):
-    theta = numpyro.sample(
-        "theta", dist.Normal(0.0, PRIOR_SCALE).expand([X.shape[1]]).to_event(1)
-    )
+    theta = numpyro.sample("theta", dist.Normal(0.0, PRIOR_SCALE).expand([X.shape[1]]).to_event(1))
     with numpyro.plate("data", X.shape[0], subsample_size=subsample_size):
         Xb = numpyro.subsample(X, event_dim=1)
         yb = None if y is None else numpyro.subsample(y, event_dim=0)
@@ -155,3 +149,13 @@ def make_logistic(n=100_000, d=4, rho=0.5, seed=0):
     theta = np.linspace(1.0, -0.5, d)
     y = rng.random(n) < 1.0 / (1.0 + np.exp(-X @ theta))
     return jnp.asarray(X, jnp.float32), jnp.asarray(y, jnp.float32)
+
+
+def offset_regression(x, y=None, subsample_size=100):
+    """``y ~ N(mu + x, sigma)`` with an unknown noise scale: a constrained (HalfNormal) site."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, PRIOR_SCALE))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(5.0))
+    with numpyro.plate("data", x.shape[0], subsample_size=subsample_size):
+        xb = numpyro.subsample(x, event_dim=0)
+        yb = None if y is None else numpyro.subsample(y, event_dim=0)
+        numpyro.sample("y", dist.Normal(mu + xb, sigma), obs=yb)

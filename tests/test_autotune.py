@@ -23,6 +23,7 @@ from problems import (
     logistic_regression,
     make_logistic,
     make_overdispersed_counts,
+    offset_regression,
     poisson_regression,
 )
 
@@ -177,21 +178,12 @@ def test_posterior_matches_nuts_within_20_epochs():
     assert relative_error(2 * ours, reference) > 0.5  # a factor 2 would be seen
 
 
-def noisy_scale(x, y=None):
-    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
-    sigma = numpyro.sample("sigma", dist.HalfNormal(5.0))
-    with numpyro.plate("data", x.shape[0], subsample_size=100):
-        xb = numpyro.subsample(x, event_dim=0)
-        yb = None if y is None else numpyro.subsample(y, event_dim=0)
-        numpyro.sample("y", dist.Normal(mu + xb, sigma), obs=yb)
-
-
 def test_constrained_site_prediction():
     rng = np.random.default_rng(0)
     x = rng.standard_normal(20_000)
     y = 0.3 + x + 2.0 * rng.standard_normal(20_000)
     args = (jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32))
-    kernel, report = autotune(noisy_scale, *args, rng_key=jax.random.key(3))
+    kernel, report = autotune(offset_regression, *args, rng_key=jax.random.key(3))
     assert [name for name, *_ in report.constrained_layout] == ["mu", "sigma"]
     mcmc = run(kernel, args, num_samples=report.draws_for(300))
     check = check_run(mcmc, report, print_table=False)

@@ -5,13 +5,11 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
-import numpyro
-import numpyro.distributions as dist
 import optax
 import pytest
 
 from numpyro_sgmc import ConvergenceWarning, warm_start
-from problems import PRIOR_SCALE, logistic_regression, make_logistic
+from problems import PRIOR_SCALE, logistic_regression, make_logistic, offset_regression
 
 
 @pytest.fixture(scope="module")
@@ -56,20 +54,13 @@ def test_restarts_reach_the_exact_mode(logistic):
     assert "3 restart(s)" in str(warm)
 
 
-def noisy_scale(x, y=None):
-    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
-    sigma = numpyro.sample("sigma", dist.HalfNormal(5.0))
-    with numpyro.plate("data", x.shape[0], subsample_size=64):
-        xb = numpyro.subsample(x, event_dim=0)
-        yb = None if y is None else numpyro.subsample(y, event_dim=0)
-        numpyro.sample("y", dist.Normal(mu + xb, sigma), obs=yb)
-
-
 def test_constrained_site_mode():
     rng = np.random.default_rng(0)
     x = rng.standard_normal(5000)
     y = 0.3 + x + 2.0 * rng.standard_normal(5000)
-    warm = warm_start(noisy_scale, jnp.asarray(x), jnp.asarray(y), num_epochs=20)
+    warm = warm_start(
+        offset_regression, jnp.asarray(x), jnp.asarray(y), num_epochs=20, subsample_size=64
+    )
     resid = y - x
     assert float(warm.constrained["mu"][0]) == pytest.approx(resid.mean(), abs=0.03)
     assert float(warm.constrained["sigma"][0]) == pytest.approx(resid.std(), rel=0.01)
