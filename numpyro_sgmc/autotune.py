@@ -68,6 +68,7 @@ from numpyro.infer.initialization import init_to_value
 from numpyro_sgmc import theory
 from numpyro_sgmc.diagnostics import user_stacklevel
 from numpyro_sgmc.fisher import Information, information, per_datum_hessians
+from numpyro_sgmc.gradients import full_data_gradient
 from numpyro_sgmc.kernels import SGD, SGLD, SGLDFP
 from numpyro_sgmc.preconditioners import Dense, Diagonal, flat_layout
 from numpyro_sgmc.subsample import Batch, initialize
@@ -340,20 +341,29 @@ def autotune(
     plates, n = prepared.plates, warm.num_data
     d = ravel_pytree(mode)[0].shape[0]
     dense = d <= DENSE_MAX_DIM if dense is None else bool(dense)
-    info = information(
-        model,
-        *model_args,
-        params=mode,
-        rng_key=key_info,
-        num_rows=num_rows,
-        kind="dense" if dense else "diagonal",
-        regularize=regularize,
-        **model_kwargs,
+
+    def information_at(params):
+        return information(
+            model,
+            *model_args,
+            params=params,
+            rng_key=key_info,
+            num_rows=num_rows,
+            kind="dense" if dense else "diagonal",
+            regularize=regularize,
+            **model_kwargs,
+        )
+
+    info = information_at(mode)
+    gradient = jax.tree.map(lambda v: v[warm.best], warm.gradient)
+    mode, newton_distance, passes = _newton_polish(
+        mode, gradient, _inverse(info.potential_curvature), prepared, model_args, model_kwargs
     )
+    if passes:  # the mode moved by more than the quadratic model is trusted for: J again
+        info = information_at(mode)
     J = np.asarray(info.potential_curvature, np.float64)
     I = np.asarray(info.I, np.float64)
     J_inv = _inverse(J)
-    mode, newton_distance = _newton_polish(mode, warm, J_inv, n, warm_start_epochs)
     S = J_inv * I * J_inv if J.ndim == 1 else J_inv @ I @ J_inv
     target_cov = (w1 * S + w2 * J_inv) / n
     if target_cov.ndim == 2 and np.linalg.eigvalsh(target_cov)[0] <= 0:
@@ -398,8 +408,8 @@ def autotune(
     ]
     tuning = min(tunings, key=lambda t: t["mixing_epochs"])
     tuning["newton_step"] = newton_distance
-    visited = info.num_rows + (0 if hessians is None else hessians.shape[0])
-    setup = warm.num_epochs + visited / n + (1.0 if tuning["control_variates"] else 0.0)
+    visited = info.num_rows * (2 if passes else 1) + (0 if hessians is None else len(hessians))
+    setup = warm.num_epochs + passes + visited / n + (1.0 if tuning["control_variates"] else 0.0)
     return _build(
         tuning,
         setup,
@@ -416,32 +426,47 @@ def autotune(
     )
 
 
-def _newton_polish(mode, warm, J_inv, n, epochs):
-    """One Newton step ``θ̂ + J⁻¹ḡ`` with the warm start's exact full-data gradient ``ḡ``.
+def _newton_polish(mode, gradient, J_inv, prepared, args, kwargs, max_passes=4):
+    """Newton steps ``θ̂ + J⁻¹ḡ`` from the warm start's mode, with exact full-data gradients.
 
-    Adam's last iterates rattle around the mode by about a posterior sd; a Newton step from
-    there lands within ``O(n^{-1/2})`` of it (the log posterior is nearly quadratic on that
-    scale), for the price of nothing: ``J`` and ``ḡ`` are already computed. A step longer
-    than 10 posterior sds (``sqrt(n ḡᵀJ⁻¹ḡ)``) is not trusted (the cubic term of the log
-    posterior grows as the square of the distance): then the mode is kept and a
-    :class:`~numpyro_sgmc.warmstart.ConvergenceWarning` says so.
+    Adam's last iterates end about a posterior sd per coordinate from the mode; a Newton step
+    from there lands within ``O(n^{-1/2})`` of it (the log posterior is nearly quadratic on
+    that scale) for nothing: ``J`` and the warm start's full-data gradient ``ḡ`` are already
+    computed. A step longer than the trust radius ``max(10, 3√d)`` posterior sds (the length
+    ``sqrt(n ḡᵀJ⁻¹ḡ)``) is shortened to it, and then the gradient is recomputed (one pass over
+    the data) and the step repeated, at most ``max_passes`` times; a mode still farther than
+    the trust radius gets a :class:`~numpyro_sgmc.warmstart.ConvergenceWarning`.
+
+    :return: ``(mode, distance, passes)``: the polished mode, the length of the first step
+        in posterior sds, and the extra passes over the data.
     """
     flat, unravel = ravel_pytree(mode)
-    gradient, _ = ravel_pytree(jax.tree.map(lambda v: v[warm.best], warm.gradient))
-    g = np.asarray(gradient, np.float64)
-    step = J_inv * g if np.ndim(J_inv) == 1 else J_inv @ g
-    distance = float(np.sqrt(max(n * float(g @ step), 0.0)))
-    if distance > 10.0:
+    x = np.asarray(flat, np.float64)
+    n = sum(p.size for p in prepared.plates.values())
+    trust = max(10.0, 3.0 * math.sqrt(x.size))
+    g = np.asarray(ravel_pytree(gradient)[0], np.float64)
+    first, passes = None, 0
+    while True:
+        step = J_inv * g if np.ndim(J_inv) == 1 else J_inv @ g
+        distance = float(np.sqrt(max(n * float(g @ step), 0.0)))
+        first = distance if first is None else first
+        x = x + step * min(1.0, trust / max(distance, 1e-300))
+        if distance <= trust or passes == max_passes:
+            break
+        passes += 1
+        z = unravel(jnp.asarray(x, flat.dtype))
+        g = full_data_gradient(prepared.potential_fn, prepared.plates, z, args, kwargs)
+        g = np.asarray(ravel_pytree(g)[0], np.float64)
+    if distance > trust:
         warnings.warn(
-            f"The warm start stopped {distance:.3g} posterior standard deviations from the mode "
-            f"(after {warm.num_epochs:g} epochs), too far for a Newton correction: the "
-            "predictions, which linearise the model at the mode, may be off. Increase "
-            f"warm_start_epochs (now {epochs}) or learning_rate.",
+            f"The warm start stopped {first:.3g} posterior standard deviations from the mode, "
+            f"and {max_passes} damped Newton steps did not reach it: the predictions, which "
+            "linearise the model at the mode, may be off. Run the warm start longer (more "
+            "epochs) or with a larger learning_rate.",
             ConvergenceWarning,
             stacklevel=user_stacklevel(),
         )
-        return mode, distance
-    return unravel(jnp.asarray(np.asarray(flat, np.float64) + step, flat.dtype)), distance
+    return unravel(jnp.asarray(x, flat.dtype)), first, passes
 
 
 def _candidates(w1, w2, row):
@@ -659,7 +684,8 @@ def _hessian_spread(hessians, sigma):
         return np.zeros_like(sigma)
     H = np.asarray(hessians, np.float64)
     H_bar = H.mean(axis=0)
-    return np.einsum("nij,jk,nlk->il", H, sigma, H) / H.shape[0] - H_bar @ sigma @ H_bar.T
+    spread = (H @ sigma @ H.transpose(0, 2, 1)).mean(axis=0)  # batched: O(m d³)
+    return spread - H_bar @ sigma @ H_bar.T
 
 
 def _build(

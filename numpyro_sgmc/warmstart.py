@@ -19,15 +19,17 @@ What the later steps need is kept: the mode (unconstrained and
 constrained), Adam's moments ``μ`` and ``ν`` (the seed's preconditioner statistics, §6), the
 full-data average gradient at the mode (one chunked pass) and the loss trace.
 
-**Convergence check.** With ``g`` the full-data average gradient at the end and ``s_j`` the
-standard deviation of the per-datum gradients over the data (from
-:func:`numpyro_sgmc.fisher.information` on a subsample), ``z_j = sqrt(n)·|g_j|/s_j`` is, for a
-well-specified model (``I ≈ J``), how many posterior standard deviations coordinate ``j`` of
-the mode is away from a zero of the gradient (``δ = J⁻¹g`` against a posterior sd
-``(nJ)^{-1/2}``). A restart with ``max_j z_j > tol`` is reported as not converged, with its
-numbers, by a :class:`ConvergenceWarning`. The default ``tol = 3`` is close enough for a
-control-variate centre and for the Newton step :func:`~numpyro_sgmc.autotune.autotune`
-takes from there; Adam's last iterates typically end 1–2 posterior sds from the mode.
+**Convergence check.** With ``g`` the full-data average gradient at the end and ``J`` the
+curvature per datum of the potential there (:func:`numpyro_sgmc.fisher.information` on a
+subsample of rows; dense for up to 100 parameters, diagonal above), the Newton step to the
+mode is ``δ = J⁻¹g`` and the posterior covariance about ``(nJ)⁻¹``, so
+``sqrt(n gᵀJ⁻¹g)`` is how many posterior standard deviations the mode found is from the
+mode (the same measure :func:`~numpyro_sgmc.autotune.autotune` uses before its Newton
+step). A restart farther than ``tol`` is reported as not converged, with its
+numbers, by a :class:`ConvergenceWarning`. The default ``tol = max(3, 2√d)`` is close
+enough for a control-variate centre and for the Newton step
+:func:`~numpyro_sgmc.autotune.autotune` takes from there; Adam's last iterates typically
+end about one posterior sd per coordinate from the mode.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ from numpyro_sgmc.subsample import initialize, num_data
 
 __all__ = ["ConvergenceWarning", "WarmStart", "warm_start"]
 
+_DENSE_MAX_DIM = 100  # the convergence check uses a dense J up to this many parameters
+
 
 class ConvergenceWarning(UserWarning):
     """The optimizer stopped before the mode (the gradient there is too large)."""
@@ -70,8 +74,8 @@ class WarmStart(NamedTuple):
         keeps no Adam state).
     :param dict second_moment: Adam's ``ν`` (``sqrt(ν)`` is Adam's denominator).
     :param loss: ``(K, num_iterations)`` minibatch loss ``L`` at every iteration.
-    :param gradient_distance: ``(K,)`` ``max_j sqrt(n)|g_j|/s_j``, the distance of each mode
-        from the zero of the gradient in approximate posterior standard deviations.
+    :param gradient_distance: ``(K,)`` ``sqrt(n gᵀJ⁻¹g)``: the Newton step from each mode
+        found to the exact one, in posterior standard deviations.
     :param converged: ``(K,)`` whether ``gradient_distance <= tol``.
     :param int num_data: ``n``.
     :param int num_epochs: passes over the data the optimizer made.
@@ -148,7 +152,7 @@ def warm_start(
     optimizer: Optional[optax.GradientTransformation] = None,
     init_params: Optional[dict] = None,
     init_strategy=init_to_uniform,
-    tol: float = 3.0,
+    tol: Optional[float] = None,
     num_check_rows: int = 2048,
     chunk_size: int = 65536,
     **model_kwargs,
@@ -169,7 +173,9 @@ def warm_start(
         it contains ``scale_by_adam``).
     :param init_params: unconstrained initial values, site -> array with a leading ``K`` axis
         (or without, to start every restart there); default: ``init_strategy`` per restart.
-    :param tol: the largest ``gradient_distance`` (in posterior sds) counted as converged.
+    :param tol: the largest ``gradient_distance`` (in posterior sds) counted as converged;
+        default ``max(3, 2√d)`` for ``d`` parameters (a random offset of one posterior sd per
+        coordinate is ``√d`` sds long).
     :param num_check_rows: rows used to estimate the per-datum gradient scale of the check.
     :param chunk_size: rows per chunk of the full-data gradient pass.
     :param model_kwargs: the model's keyword arguments.
@@ -278,6 +284,8 @@ def warm_start(
             for k in range(num_restarts)
         ]
     )
+    if tol is None:
+        tol = max(3.0, 2.0 * math.sqrt(sum(np.size(v[0]) for v in jax.tree.leaves(z))))
     converged = distance <= tol
     constrain = prepared.postprocess_fn(model_args, model_kwargs)
     result = WarmStart(
@@ -298,7 +306,7 @@ def warm_start(
             f"The warm start has not converged in restart(s) {np.flatnonzero(~converged).tolist()}:"
             f" after {result.num_epochs:g} epochs the full-data gradient puts the mode "
             f"{', '.join(f'{x:.3g}' for x in distance[~converged])} posterior standard "
-            f"deviations (tol={tol}) from a zero of the gradient. Run more epochs "
+            f"deviations (tol={tol:.3g}) from a zero of the gradient. Run more epochs "
             f"(num_epochs={num_epochs}) or use a larger learning_rate (now {learning_rate}).\n"
             + str(result),
             ConvergenceWarning,
@@ -333,16 +341,19 @@ def _restart_axis(init_params, prototype, num_restarts):
 
 
 def _gradient_distance(model, args, kwargs, z, gradient, n, rows, key):
-    """``max_j sqrt(n)|g_j|/s_j`` (see the module docstring).
-
-    ``s_j² = I_jj + J_prior,jj``: the per-datum gradient variance plus the prior's curvature
-    per datum, so that a site the data do not inform is measured on its prior's scale.
-    """
+    """``sqrt(n gᵀJ⁻¹g)`` (see the module docstring); ``J`` made positive definite if needed."""
+    flat = [np.ravel(np.asarray(gradient[name])) for name, *_ in flat_layout(z)]
+    g = np.concatenate(flat).astype(np.float64)
     info = information(
-        model, *args, params=z, rng_key=key, num_rows=min(rows, n), kind="diagonal", **kwargs
+        model,
+        *args,
+        params=z,
+        rng_key=key,
+        num_rows=min(rows, n),
+        kind="dense" if g.size <= _DENSE_MAX_DIM else "diagonal",
+        regularize="auto",
+        **kwargs,
     )
-    g = np.concatenate([np.ravel(np.asarray(gradient[name])) for name, *_ in flat_layout(z)])
-    scale = np.sqrt(np.asarray(info.I) + np.maximum(np.asarray(info.J_prior), 0.0))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(g == 0, 0.0, np.sqrt(n) * np.abs(g) / scale)
-    return float(np.max(ratio))
+    J = info.potential_curvature
+    step = g / J if J.ndim == 1 else np.linalg.solve(J, g)
+    return float(np.sqrt(max(n * float(g @ step), 0.0)))

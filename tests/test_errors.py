@@ -33,8 +33,14 @@ def problem():
 
 
 def run(kernel, problem, init_params=None, num_chains=1):
-    mcmc = MCMC(kernel, num_warmup=0, num_samples=2, num_chains=num_chains,
-                chain_method="vectorized", progress_bar=False)
+    mcmc = MCMC(
+        kernel,
+        num_warmup=0,
+        num_samples=2,
+        num_chains=num_chains,
+        chain_method="vectorized",
+        progress_bar=False,
+    )
     mcmc.run(jax.random.key(0), problem.X, problem.y, init_params=init_params)
     return mcmc
 
@@ -76,8 +82,11 @@ def test_latent_variable_inside_the_subsample_plate(problem):
         theta = numpyro.sample("theta", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
         with numpyro.plate("data", X.shape[0], subsample_size=10):
             u = numpyro.sample("u", dist.Normal(0, 1))
-            numpyro.sample("y", dist.Normal(numpyro.subsample(X, 1) @ theta + u, 1),
-                           obs=numpyro.subsample(y, 0))
+            numpyro.sample(
+                "y",
+                dist.Normal(numpyro.subsample(X, 1) @ theta + u, 1),
+                obs=numpyro.subsample(y, 0),
+            )
 
     with pytest.raises(ValueError, match="Latent site 'u'.*marginalise"):
         run(SGLD(model, step_size=1e-3), problem)
@@ -162,8 +171,11 @@ def test_bad_init_params(problem, params, match):
 
 def test_centre_without_control_variates(problem):
     with pytest.raises(ValueError, match="only used with control variates"):
-        run(SGD(linear_regression, step_size=1e-3), problem,
-            ChainInit({"theta": jnp.zeros(3)}, centre={"theta": jnp.zeros(3)}))
+        run(
+            SGD(linear_regression, step_size=1e-3),
+            problem,
+            ChainInit({"theta": jnp.zeros(3)}, centre={"theta": jnp.zeros(3)}),
+        )
 
 
 @pytest.mark.filterwarnings("ignore:.*Out-of-support values:UserWarning")
@@ -172,8 +184,11 @@ def test_no_finite_starting_point(problem):
         theta = numpyro.sample("theta", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
         with numpyro.plate("data", X.shape[0], subsample_size=10):
             # an impossible observation: y is real but the likelihood is a Poisson count
-            numpyro.sample("y", dist.Poisson(jnp.exp(numpyro.subsample(X, 1) @ theta)),
-                           obs=numpyro.subsample(y, 0) + 0.5)
+            numpyro.sample(
+                "y",
+                dist.Poisson(jnp.exp(numpyro.subsample(X, 1) @ theta)),
+                obs=numpyro.subsample(y, 0) + 0.5,
+            )
 
     with pytest.raises(RuntimeError, match="No starting point with a finite potential"):
         run(SGLD(model, step_size=1e-3), problem)

@@ -109,12 +109,15 @@ def test_two_plates_each_scaled_by_its_own_size():
     exact = np.asarray(ravel_pytree(exact)[0])
     y1n, y2n = np.asarray(y1, np.float64), np.asarray(y2, np.float64)
     mu, delta = 0.2, -0.1
-    by_hand = np.array(  # (delta, mu)
-        [
-            np.sum(y2n - mu - delta) / 4 - delta / PRIOR_SCALE**2,
-            np.sum(y1n - mu) + np.sum(y2n - mu - delta) / 4 - mu / PRIOR_SCALE**2,
-        ]
-    ) / n
+    by_hand = (
+        np.array(  # (delta, mu)
+            [
+                np.sum(y2n - mu - delta) / 4 - delta / PRIOR_SCALE**2,
+                np.sum(y1n - mu) + np.sum(y2n - mu - delta) / 4 - mu / PRIOR_SCALE**2,
+            ]
+        )
+        / n
+    )
     np.testing.assert_allclose(exact, by_hand, rtol=1e-4, atol=1e-6)
     se = g.std(0) / np.sqrt(len(g))
     assert np.all(np.abs(g.mean(0) - by_hand) < 4.5 * se)

@@ -36,8 +36,11 @@ def test_init_params_thinning_extra_fields_and_summary(problem):
         progress_bar=False,
     )
     mcmc.run(
-        jax.random.key(0), problem.X, problem.y,
-        init_params=mode_params(problem), extra_fields=("grad_norm", "i"),
+        jax.random.key(0),
+        problem.X,
+        problem.y,
+        init_params=mode_params(problem),
+        extra_fields=("grad_norm", "i"),
     )
     theta = mcmc.get_samples()["theta"]
     assert theta.shape == (20, 3)
@@ -58,9 +61,15 @@ def test_init_params_thinning_extra_fields_and_summary(problem):
 def test_same_key_same_draws_and_init_strategy(problem):
     def run(seed):
         mcmc = MCMC(
-            SGLD(linear_regression, step_size=1e-3, num_steps=5,
-                 init_strategy=init_to_value(values={"theta": jnp.asarray(problem.mode)})),
-            num_warmup=0, num_samples=30, progress_bar=False,
+            SGLD(
+                linear_regression,
+                step_size=1e-3,
+                num_steps=5,
+                init_strategy=init_to_value(values={"theta": jnp.asarray(problem.mode)}),
+            ),
+            num_warmup=0,
+            num_samples=30,
+            progress_bar=False,
         )
         mcmc.run(jax.random.key(seed), problem.X, problem.y)
         return np.asarray(mcmc.get_samples()["theta"])
@@ -96,12 +105,17 @@ def test_each_chain_keeps_its_own_preconditioner_and_centre(problem, chain_metho
     kwargs = dict(step_size=0.05, batch_size=20, num_steps=10)
     mcmc = MCMC(
         SGLDFP(linear_regression, **kwargs),
-        num_warmup=5, num_samples=20, num_chains=3, chain_method=chain_method,
+        num_warmup=5,
+        num_samples=20,
+        num_chains=3,
+        chain_method=chain_method,
         progress_bar=False,
     )
     key = jax.random.key(7)
     mcmc.run(
-        key, problem.X, problem.y,
+        key,
+        problem.X,
+        problem.y,
         init_params=ChainInit(starts, preconditioner=Dense(jnp.asarray(precond)), centre=centres),
     )
     together = np.asarray(mcmc.get_samples(group_by_chain=True)["theta"])
@@ -111,10 +125,14 @@ def test_each_chain_keeps_its_own_preconditioner_and_centre(problem, chain_metho
     for k, chain_key in enumerate(jax.random.split(key, 3)):
         single = MCMC(
             SGLDFP(linear_regression, preconditioner=Dense(precond[k]), **kwargs),
-            num_warmup=5, num_samples=20, progress_bar=False,
+            num_warmup=5,
+            num_samples=20,
+            progress_bar=False,
         )
         single.run(
-            chain_key, problem.X, problem.y,
+            chain_key,
+            problem.X,
+            problem.y,
             init_params=ChainInit(
                 {"theta": starts["theta"][k]}, centre={"theta": centres["theta"][k]}
             ),
@@ -127,7 +145,10 @@ def test_arviz_from_numpyro(problem):
     az = pytest.importorskip("arviz")
     mcmc = MCMC(
         SGLD(linear_regression, step_size=1e-3, num_steps=5),
-        num_warmup=5, num_samples=40, num_chains=2, chain_method="vectorized",
+        num_warmup=5,
+        num_samples=40,
+        num_chains=2,
+        chain_method="vectorized",
         progress_bar=False,
     )
     mcmc.run(jax.random.key(0), problem.X, problem.y, init_params=mode_params(problem, 2))
@@ -141,10 +162,17 @@ def test_arviz_from_numpyro(problem):
 def test_sgd_running_average_is_the_mean_of_post_warmup_iterates(problem):
     mcmc = MCMC(
         SGD(linear_regression, step_size=0.04, num_steps=1),
-        num_warmup=30, num_samples=200, progress_bar=False,
+        num_warmup=30,
+        num_samples=200,
+        progress_bar=False,
     )
-    mcmc.run(jax.random.key(0), problem.X, problem.y, init_params=mode_params(problem),
-             extra_fields=("average",))
+    mcmc.run(
+        jax.random.key(0),
+        problem.X,
+        problem.y,
+        init_params=mode_params(problem),
+        extra_fields=("average",),
+    )
     draws = np.asarray(mcmc.get_samples()["theta"], np.float64)
     average = np.asarray(mcmc.last_state.average["theta"])
     np.testing.assert_allclose(average, draws.mean(0), rtol=1e-5)
@@ -155,7 +183,10 @@ def test_sgd_running_average_is_the_mean_of_post_warmup_iterates(problem):
 def test_jit_model_args_and_predictive(problem):
     mcmc = MCMC(
         SGLD(linear_regression, step_size=1e-3, num_steps=5),
-        num_warmup=5, num_samples=20, progress_bar=False, jit_model_args=True,
+        num_warmup=5,
+        num_samples=20,
+        progress_bar=False,
+        jit_model_args=True,
     )
     mcmc.run(jax.random.key(0), problem.X, problem.y, init_params=mode_params(problem))
     mcmc.run(jax.random.key(1), problem.X[:500], problem.y[:500], init_params=mode_params(problem))
@@ -177,8 +208,14 @@ def test_progress_bar_shows_divergences(problem):
 def test_divergence_is_flagged_warned_and_never_nan(problem):
     # h·λmax(J)/2 ≈ 20: the linearised chain is unstable and blows up to inf within the draw
     kernel = SGLD(linear_regression, step_size=20.0, num_steps=50)
-    mcmc = MCMC(kernel, num_warmup=0, num_samples=40, num_chains=2,
-                chain_method="vectorized", progress_bar=False)
+    mcmc = MCMC(
+        kernel,
+        num_warmup=0,
+        num_samples=40,
+        num_chains=2,
+        chain_method="vectorized",
+        progress_bar=False,
+    )
     with pytest.warns(DivergenceWarning, match=r"step_size=20") as record:
         mcmc.run(jax.random.key(0), problem.X, problem.y, init_params=mode_params(problem, 2))
     assert len(record) >= 1
@@ -195,8 +232,12 @@ def test_divergence_is_flagged_warned_and_never_nan(problem):
 
 
 def test_no_divergence_no_warning(problem):
-    mcmc = MCMC(SGLD(linear_regression, step_size=1e-3, num_steps=5),
-                num_warmup=0, num_samples=10, progress_bar=False)
+    mcmc = MCMC(
+        SGLD(linear_regression, step_size=1e-3, num_steps=5),
+        num_warmup=0,
+        num_samples=10,
+        progress_bar=False,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error", DivergenceWarning)
         mcmc.run(jax.random.key(0), problem.X, problem.y, init_params=mode_params(problem))

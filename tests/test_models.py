@@ -27,9 +27,8 @@ def test_halfnormal_scale_matches_quadrature_and_is_returned_constrained():
     rng = np.random.default_rng(0)
     y = 0.5 * rng.standard_normal(500)
     grid = np.linspace(0.3, 0.8, 20001)
-    log_post = (
-        dist.HalfNormal(1.0).log_prob(grid)
-        + (-0.5 * np.sum(y**2) / grid**2 - y.size * np.log(grid))
+    log_post = dist.HalfNormal(1.0).log_prob(grid) + (
+        -0.5 * np.sum(y**2) / grid**2 - y.size * np.log(grid)
     )
     w = np.exp(log_post - log_post.max())
     w /= w.sum()
@@ -40,8 +39,11 @@ def test_halfnormal_scale_matches_quadrature_and_is_returned_constrained():
     start = {"sigma": jnp.asarray(mode_u + 0.03 * rng.standard_normal(CHAINS), jnp.float32)}
     centre = {"sigma": jnp.full(CHAINS, mode_u, jnp.float32)}
     mcmc = run_chains(
-        SGLDFP(scale_model, step_size=0.01), (jnp.asarray(y, jnp.float32),),
-        ChainInit(start, centre=centre), num_warmup=5, num_samples=300,
+        SGLDFP(scale_model, step_size=0.01),
+        (jnp.asarray(y, jnp.float32),),
+        ChainInit(start, centre=centre),
+        num_warmup=5,
+        num_samples=300,
     )
     samples = mcmc.get_samples(group_by_chain=True)
     assert set(samples) == {"sigma", "log_sigma"}
@@ -112,10 +114,16 @@ def test_layerwise_preconditioner_with_two_plates_matches_its_prediction():
     J = np.linalg.inv(post_cov) / n
     gamma = np.array([2.0, 0.5])
     h = 0.2
-    cov = stationary_covariance(J, noise, step_size=h, batch_size=1, num_data=n,
-                                preconditioner=gamma)
-    kernel = SGLD(two_groups, step_size=h, batch_size={"a": b1, "b": b2},
-                  preconditioner=layerwise({"delta": 2.0, "mu": 0.5}), num_steps=20)
+    cov = stationary_covariance(
+        J, noise, step_size=h, batch_size=1, num_data=n, preconditioner=gamma
+    )
+    kernel = SGLD(
+        two_groups,
+        step_size=h,
+        batch_size={"a": b1, "b": b2},
+        preconditioner=layerwise({"delta": 2.0, "mu": 0.5}),
+        num_steps=20,
+    )
     rng = np.random.default_rng(3)
     start = rng.multivariate_normal(mean, cov, size=CHAINS)
     z = {k: jnp.asarray(start[:, i], jnp.float32) for i, k in enumerate(("delta", "mu"))}

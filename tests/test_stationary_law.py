@@ -61,8 +61,14 @@ def test_sgld_small_step_samples_the_posterior(problem):
 
 def test_sgldfp_samples_the_posterior(problem):
     kernel = SGLDFP(linear_regression, step_size=0.02)
-    x = run(kernel, problem, problem.post_cov, num_warmup=10, num_samples=150,
-            init=centred_at_mode(problem))
+    x = run(
+        kernel,
+        problem,
+        problem.post_cov,
+        num_warmup=10,
+        num_samples=150,
+        init=centred_at_mode(problem),
+    )
     assert_law(x, problem.mode, problem.post_cov, label="SGLD-FP h=0.02")
 
 
@@ -84,8 +90,9 @@ def test_sgd_with_inverse_information_targets_the_sandwich(misspecified):
     kernel = SGD(linear_regression, step_size=h, preconditioner=Dense(Jinv), num_steps=10)
     x = run(kernel, p, p.S / p.n, num_warmup=50, num_samples=600)
     assert_law(x, p.mode, p.S / p.n, label="SGD row F vs S/n")
-    lyapunov = predicted(p, step_size=h, batch_size=100, inverse_temperature=math.inf,
-                         preconditioner=Jinv)
+    lyapunov = predicted(
+        p, step_size=h, batch_size=100, inverse_temperature=math.inf, preconditioner=Jinv
+    )
     np.testing.assert_allclose(np.diag(lyapunov), np.diag(p.S / p.n), rtol=0.02)
     assert_law_differs(x, Jinv / p.n, label="SGD row F vs posterior")
 
@@ -114,8 +121,9 @@ def test_dense_preconditioner_with_control_variates_matches_its_prediction(probl
     kernel = SGLDFP(
         linear_regression, step_size=1.0, batch_size=10, preconditioner=Dense(Jinv), num_steps=5
     )
-    cov = predicted(problem, step_size=1.0, batch_size=10, preconditioner=Jinv,
-                    control_variates=True)
+    cov = predicted(
+        problem, step_size=1.0, batch_size=10, preconditioner=Jinv, control_variates=True
+    )
     x = run(kernel, problem, cov, num_warmup=20, num_samples=600, init=centred_at_mode(problem))
     assert_law(x, problem.mode, cov, label="SGLD-FP dense h=1")
     without_hessian_term = problem.post_cov / (1 - 1.0 / 4)
@@ -134,8 +142,9 @@ def test_dense_drift_with_separate_noise_preconditioner(problem):
         noise_preconditioner=Diagonal({"theta": lam}),
         num_steps=10,
     )
-    cov = predicted(problem, step_size=0.2, batch_size=20, preconditioner=Jinv,
-                    noise_preconditioner=lam)
+    cov = predicted(
+        problem, step_size=0.2, batch_size=20, preconditioner=Jinv, noise_preconditioner=lam
+    )
     x = run(kernel, problem, cov, num_warmup=20, num_samples=400)
     assert_law(x, problem.mode, cov, label="SGLD dense drift, diagonal noise")
 
@@ -143,8 +152,13 @@ def test_dense_drift_with_separate_noise_preconditioner(problem):
 def test_distinct_indices_per_batch_match_their_prediction(problem):
     # b = n/2 distinct indices: the gradient noise is (n-b)/(n-1) ≈ 1/2 of the i.i.d. noise,
     # which makes the with-replacement prediction 17% too wide here.
-    kernel = SGLD(linear_regression, step_size=1.0, batch_size=500,
-                  batch_sampling="without_replacement", num_steps=5)
+    kernel = SGLD(
+        linear_regression,
+        step_size=1.0,
+        batch_size=500,
+        batch_sampling="without_replacement",
+        num_steps=5,
+    )
     cov = predicted(problem, step_size=1.0, batch_size=500, batch_sampling="without_replacement")
     x = run(kernel, problem, cov, num_warmup=10, num_samples=400)
     assert_law(x, problem.mode, cov, label="SGLD without replacement")
