@@ -3,7 +3,8 @@
 ``autotune(model, *args, target=...)`` runs the pipeline of ``shared/design/theory.md``
 §3–§4 on any NumPyro model with a subsample plate:
 
-1. **warm start** (:func:`~numpyro_sgmc.warmstart.warm_start`): Adam to the mode ``θ̂``;
+1. **warm start** (:func:`~numpyro_sgmc.warmstart.warm_start`): Adam to the mode ``θ̂``,
+   then polished by a Newton step with the exact full-data gradient;
 2. **information** at ``θ̂`` (:func:`~numpyro_sgmc.fisher.information`): ``J`` (the
    potential's curvature per datum, prior included), ``I`` and ``S = J⁻¹IJ⁻¹``, dense for
    ``d ≤ 100`` and diagonal above;
