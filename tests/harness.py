@@ -17,10 +17,12 @@ from numpyro.infer import MCMC
 Z_MAX = 4.5  # ~1e-5 two-sided per element under the null; fixed seeds make it deterministic
 
 
-def run_chains(kernel, args, init_params, num_warmup, num_samples, seed=0):
-    """Vectorised chains, one per row of ``init_params``; asserts that none diverged."""
-    params = init_params.params if hasattr(init_params, "params") else init_params
-    num_chains = jax.tree.leaves(params)[0].shape[0]
+def run_chains(kernel, args, init_params, num_warmup, num_samples, seed=0, num_chains=None):
+    """Vectorised chains, one per row of ``init_params`` (or ``num_chains`` chains started by
+    the kernel's init strategy when ``init_params`` is None); asserts that none diverged."""
+    if init_params is not None:
+        params = init_params.params if hasattr(init_params, "params") else init_params
+        num_chains = jax.tree.leaves(params)[0].shape[0]
     mcmc = MCMC(
         kernel,
         num_warmup=num_warmup,

@@ -13,9 +13,11 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
+from numpyro.diagnostics import effective_sample_size
 from numpyro.infer import MCMC, NUTS
+from numpyro.infer.initialization import init_to_value
 
-from harness import Z_MAX, assert_law
+from harness import Z_MAX, assert_law, run_chains
 from numpyro_sgmc import SGD, autotune, check_run, information, theory, warm_start
 from numpyro_sgmc.check import unconstrained_draws
 from numpyro_sgmc.subsample import full_data
@@ -37,18 +39,8 @@ def counts():
     return X, y, warm
 
 
-def run(kernel, args, num_samples, num_warmup=20, seed=1, extra_fields=()):
-    mcmc = MCMC(
-        kernel,
-        num_warmup=num_warmup,
-        num_samples=num_samples,
-        num_chains=CHAINS,
-        chain_method="vectorized",
-        progress_bar=False,
-    )
-    mcmc.run(jax.random.key(seed), *args, extra_fields=extra_fields)
-    assert not np.any(np.asarray(mcmc.get_extra_fields()["diverging"]))
-    return mcmc
+def run(kernel, args, num_samples, num_warmup=20):
+    return run_chains(kernel, args, None, num_warmup, num_samples, seed=1, num_chains=CHAINS)
 
 
 def relative_error(a, b):
@@ -108,16 +100,12 @@ def test_unpreconditioned_sgd_matches_its_prediction(counts):
     assert_law(x, cov=sigma, label="SGD, Γ = I")
     # without a preconditioner it is neither S/n nor J⁻¹/n
     assert relative_error(sigma * n, report.information.sandwich) > 0.1
-    from numpyro.diagnostics import effective_sample_size
-
     empirical = x.shape[0] * x.shape[1] / np.asarray(effective_sample_size(x))
     predicted = theory.autocorrelation_times(np.linalg.matrix_power(F, k), sigma)
     assert np.all(np.abs(empirical / predicted - 1) < 0.3), (empirical, predicted)
 
 
 def report_start(report):
-    from numpyro.infer.initialization import init_to_value
-
     return init_to_value(values={"theta": report.constrained_mode["theta"]})
 
 
