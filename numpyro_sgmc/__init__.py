@@ -16,14 +16,23 @@ from numpyro_sgmc.diagnostics import DivergenceWarning
 from numpyro_sgmc.fisher import Information, information, per_datum_hessians
 from numpyro_sgmc.kernels import (
     SGD,
+    SGHMC,
     SGLD,
     SGLDFP,
+    AdaSGHMC,
     CentreWarning,
     ChainInit,
     DataOrderWarning,
+    MassAdaptation,
     PerformanceWarning,
     SGMCKernel,
     SGMCState,
+)
+from numpyro_sgmc.mass_matrices import (
+    layerwise_mass,
+    mass_from_warm_start,
+    pairwise_cosine_similarity,
+    parameterwise_mass,
 )
 from numpyro_sgmc.preconditioners import Dense, Diagonal, Identity, flat_layout, layerwise
 from numpyro_sgmc.warmstart import ConvergenceWarning, WarmStart, warm_start
@@ -31,6 +40,7 @@ from numpyro_sgmc.warmstart import ConvergenceWarning, WarmStart, warm_start
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdaSGHMC",
     "CentreWarning",
     "ChainInit",
     "ConvergenceWarning",
@@ -40,9 +50,11 @@ __all__ = [
     "DivergenceWarning",
     "Identity",
     "Information",
+    "MassAdaptation",
     "PerformanceWarning",
     "RunCheck",
     "SGD",
+    "SGHMC",
     "SGLD",
     "SGLDFP",
     "SGMCKernel",
@@ -54,6 +66,10 @@ __all__ = [
     "flat_layout",
     "information",
     "layerwise",
+    "layerwise_mass",
+    "mass_from_warm_start",
+    "pairwise_cosine_similarity",
+    "parameterwise_mass",
     "per_datum_hessians",
     "shuffle_rows",
     "target_weights",

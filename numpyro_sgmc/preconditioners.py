@@ -23,7 +23,8 @@ the kernel state and be ``vmap``-ed:
 
 :func:`prepare` validates a preconditioner against the parameters and precomputes what the
 step needs (the Cholesky factor), once, at ``init``; :func:`apply` and :func:`apply_sqrt` are
-the per-step products.
+the per-step products; :func:`apply_inverse` is ``M⁻¹ v`` for a preconditioner used as SGHMC's
+mass matrix ``M`` (``shared/design/theory.md`` §5).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Optional
 
 import jax.numpy as jnp
+import jax.scipy.linalg
 import numpy as np
 from jax.flatten_util import ravel_pytree
 from numpyro.util import not_jax_tracer
@@ -40,6 +42,7 @@ __all__ = [
     "Diagonal",
     "Identity",
     "apply",
+    "apply_inverse",
     "apply_sqrt",
     "flat_layout",
     "layerwise",
@@ -192,3 +195,13 @@ def apply_sqrt(precond, tree: dict) -> dict:
         return {k: jnp.sqrt(precond.scale[k]) * v for k, v in tree.items()}
     flat, unravel = ravel_pytree(tree)
     return unravel(precond.cholesky @ flat)
+
+
+def apply_inverse(precond, tree: dict) -> dict:
+    """``M⁻¹ v``: ``v / scale`` (diagonal) or two triangular solves with ``L`` (dense)."""
+    if isinstance(precond, Identity):
+        return tree
+    if isinstance(precond, Diagonal):
+        return {k: v / precond.scale[k] for k, v in tree.items()}
+    flat, unravel = ravel_pytree(tree)
+    return unravel(jax.scipy.linalg.cho_solve((precond.cholesky, True), flat))

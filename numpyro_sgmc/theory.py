@@ -26,7 +26,9 @@ recursion, theory §3):
 * :func:`iterate_average_covariance` (exact, ``T`` iterates) and
   :func:`iterate_average_covariance_limit` (the theory's ``m``-epoch formula);
 * Table 1 (theory §4) as data, :data:`TABLE_1` / :data:`ROWS`, with each row's target
-  (:func:`row_target`), tuning (:func:`row_tuning`) and mixing time (:func:`row_mixing`).
+  (:func:`row_target`), tuning (:func:`row_tuning`) and mixing time (:func:`row_mixing`);
+* SGHMC (theory §5): its linearised ``(θ, r)`` recursion (:func:`sghmc_recursion`), and its
+  stationary covariance and autocorrelation times (:func:`sghmc_prediction`).
 
 These are plain NumPy/SciPy functions (float64), usable without a model. Matrices may be
 given as ``(d, d)`` arrays or, where stated, as ``(d,)`` diagonals.
@@ -46,6 +48,7 @@ __all__ = [
     "ROWS",
     "Row",
     "RowTuning",
+    "SGHMCPrediction",
     "TABLE_1",
     "WorstAutocorrelation",
     "autocorrelation_times",
@@ -58,6 +61,8 @@ __all__ = [
     "row_mixing",
     "row_target",
     "row_tuning",
+    "sghmc_prediction",
+    "sghmc_recursion",
     "stationary_covariance",
     "worst_autocorrelation_time",
 ]
@@ -794,3 +799,251 @@ def _check_recursion(F, Sigma):
             "h * lambda_max(Gamma J) < 4)."
         )
     return F, Sigma
+
+
+# ---------------------------------------------------------------------------------------------
+# SGHMC (theory §5)
+# ---------------------------------------------------------------------------------------------
+
+
+def sghmc_recursion(
+    J,
+    *,
+    num_data: int,
+    step_size: float,
+    mass=None,
+    friction=None,
+    momentum_decay: float = 0.1,
+    gradient_noise=None,
+    inverse_temperature: Optional[float] = None,
+    I=None,
+    batch_size: Optional[int] = None,
+    without_replacement: bool = False,
+    control_variates: bool = False,
+):
+    """SGHMC linearised at the mode: ``z' = F z + ε`` for ``z = (θ - θ̂, r)`` (theory §5).
+
+    The kernel (Chen, Fox & Guestrin 2014, "Stochastic gradient Hamiltonian Monte Carlo",
+    ICML; ``numpyro_sgmc.kernels.sghmc``) makes, with ``ξ ~ N(0, I_d)``,
+
+    .. math::
+
+        \\begin{aligned}
+        r' &= r - \\eta\\,\\nabla\\tilde U(\\theta) - \\eta\\,C M^{-1} r
+              + \\sqrt{2\\eta T}\\,(C - \\hat B)^{1/2}\\,\\xi, \\\\
+        \\theta' &= \\theta + \\eta\\,M^{-1} r',
+        \\end{aligned}
+
+    ``T = n/β`` the temperature (``β = n``: the posterior). Linearised,
+    ``∇Ũ(θ) ≈ n J (θ - θ̂) + e`` with ``Cov(e) = n² I/b`` (times ``(n-b)/(n-1)`` without
+    replacement; ``e = 0`` with control variates or the full data). With
+    ``u = -η e + sqrt(2ηT)(C - B̂)^{1/2} ξ`` and ``K = η C M⁻¹``, substituting ``r'`` into
+    ``θ'`` gives
+
+    .. math::
+
+        F = \\begin{pmatrix} I - \\eta^2 n\\,M^{-1}J & \\eta M^{-1}(I - K) \\\\
+                             -\\eta n\\,J & I - K \\end{pmatrix},
+        \\qquad
+        \\mathrm{Cov}(\\varepsilon) = G\\,\\mathrm{Cov}(u)\\,G^\\top,\\quad
+        G = \\begin{pmatrix}\\eta M^{-1} \\\\ I\\end{pmatrix},\\quad
+        \\mathrm{Cov}(u) = \\frac{\\eta^2 n^2}{b} I + 2\\eta T\\,(C - \\hat B).
+
+    ``ε`` is singular (rank ``d``: the ``θ`` noise is ``η M⁻¹`` times the ``r`` noise) and
+    uncorrelated over time (a fresh batch each step). With control variates the per-datum
+    Hessian noise term of theory §3 is neglected. For a quadratic log-likelihood the recursion
+    is exact at any ``η``.
+
+    :param J: ``(d, d)`` curvature per datum of the potential at the mode, ``∇²U(θ̂)/n``, or
+        its ``(d,)`` diagonal.
+    :param num_data: ``n``.
+    :param step_size: ``η`` (on the potential scale).
+    :param mass: ``M`` (SPD): ``None`` = identity, a scalar, a ``(d,)`` diagonal or ``(d, d)``.
+    :param friction: ``C`` likewise (scalar, ``(d,)`` or ``(d, d)``); ``None`` for
+        ``C = (α/η) M``, so that ``η C M⁻¹ = α I``.
+    :param momentum_decay: ``α`` of the default friction, in ``(0, 2)`` (typically ``≤ 1``).
+    :param gradient_noise: ``B̂`` (scalar, ``(d,)`` or ``(d, d)``); ``None`` = 0. ``C - B̂``
+        must be positive semidefinite. ``B̂ = η n² I/(2bT)`` cancels the minibatch noise in
+        ``Cov(u)`` exactly.
+    :param inverse_temperature: ``β``; ``None`` for ``n`` (``T = 1``); ``math.inf`` gives
+        ``T = 0`` (SGD with momentum).
+    :param I: ``(d, d)`` (or ``(d,)``) covariance of the per-datum gradients at ``θ̂``.
+        Required for minibatches (``batch_size < num_data``) unless ``control_variates``.
+    :param batch_size: ``b``; ``None`` or ``num_data``: the full data (no gradient noise).
+    :param without_replacement: ``b`` distinct indices per step (noise factor
+        ``(n-b)/(n-1)``) instead of ``b`` independent ones.
+    :param control_variates: whether the gradient uses control variates at ``θ̂`` (``e ≈ 0``).
+    :return: ``(F, D)``, both ``(2d, 2d)``, ordered ``(θ, r)``.
+    :raises ValueError: ``C - B̂`` not positive semidefinite, ``M`` not positive definite,
+        ``I`` missing with minibatches, non-positive ``η``, ``n``, ``b`` or ``α``.
+    """
+    J = _as_matrix(J, None)
+    d = J.shape[0]
+    n, eta = int(num_data), float(step_size)
+    if n < 1:
+        raise ValueError(f"num_data must be positive, got {num_data!r}.")
+    if not eta > 0:
+        raise ValueError(f"step_size must be positive, got {step_size!r}.")
+    beta = float(n) if inverse_temperature is None else float(inverse_temperature)
+    if not beta > 0:
+        raise ValueError(f"inverse_temperature must be positive, got {inverse_temperature!r}.")
+    temperature = 0.0 if math.isinf(beta) else n / beta
+    M = _as_square(mass, d, "mass")
+    if np.min(np.linalg.eigvalsh(_sym(M))) <= 0:
+        raise ValueError("mass must be symmetric positive definite.")
+    M_inv = np.linalg.inv(M)
+    if friction is None:
+        alpha = float(momentum_decay)
+        if not alpha > 0:
+            raise ValueError(
+                f"momentum_decay must be positive (the friction is C = (momentum_decay / "
+                f"step_size) M), got {momentum_decay!r}."
+            )
+        C = (alpha / eta) * M
+    else:
+        C = _as_square(friction, d, "friction")
+    B = (
+        np.zeros((d, d))
+        if gradient_noise is None
+        else _as_square(gradient_noise, d, "gradient_noise")
+    )
+    diffusion = _sym(C - B)
+    lowest = float(np.min(np.linalg.eigvalsh(diffusion)))
+    if lowest < -1e-12 * max(1.0, float(np.max(np.abs(diffusion)))):
+        raise ValueError(
+            f"friction - gradient_noise (C - B_hat) must be positive semidefinite: its smallest "
+            f"eigenvalue is {lowest:.4g}. The injected noise is sqrt(2 eta T (C - B_hat)) xi, so "
+            "lower gradient_noise or raise the friction (momentum_decay)."
+        )
+    b = n if batch_size is None else int(batch_size)
+    if not 1 <= b <= n:
+        raise ValueError(f"batch_size must be in [1, num_data={n}], got {batch_size!r}.")
+    cov_u = 2.0 * eta * temperature * diffusion
+    if b < n and not control_variates:
+        if I is None:
+            raise ValueError(
+                f"With minibatches (batch_size={b} < num_data={n}) and no control variates the "
+                "gradient noise has covariance n^2 I / b: pass I, the per-datum gradient "
+                "covariance at the mode (or control_variates=True)."
+            )
+        factor = (n - b) / (n - 1) if without_replacement else 1.0
+        cov_u = cov_u + (eta * eta * n * n * factor / b) * _as_matrix(I, d)
+    eye = np.eye(d)
+    decay = eye - eta * C @ M_inv  # I - K
+    F = np.block(
+        [
+            [eye - eta * eta * n * M_inv @ J, eta * M_inv @ decay],
+            [-eta * n * J, decay],
+        ]
+    )
+    G = np.vstack([eta * M_inv, eye])
+    return F, _sym(G @ cov_u @ G.T)
+
+
+class SGHMCPrediction(NamedTuple):
+    """Stationary law and mixing of linearised SGHMC (theory §5; :func:`sghmc_prediction`).
+
+    ``covariance``: ``(2d, 2d)`` stationary covariance of ``z = (θ - θ̂, r)``;
+    ``position_covariance`` / ``momentum_covariance``: its ``(d, d)`` ``θ`` and ``r`` blocks;
+    ``transition`` / ``noise``: ``F`` and ``D = Cov(ε)`` of :func:`sghmc_recursion`;
+    ``spectral_radius``: of ``F`` (< 1); ``autocorrelation_times``: ``(d,)`` integrated
+    autocorrelation times ``1 + 2Σ_{k≥1}ρ(k)`` of the coordinates ``θ_i``, in iterations
+    (may be < 1: SGHMC's autocorrelations can be negative); ``worst_autocorrelation_time``:
+    the largest over all linear functionals ``vᵀθ`` of the position, attained at the unit
+    vector ``worst_direction``.
+    """
+
+    covariance: np.ndarray
+    position_covariance: np.ndarray
+    momentum_covariance: np.ndarray
+    transition: np.ndarray
+    noise: np.ndarray
+    spectral_radius: float
+    autocorrelation_times: np.ndarray
+    worst_autocorrelation_time: float
+    worst_direction: np.ndarray
+
+
+def sghmc_prediction(J, **kwargs) -> SGHMCPrediction:
+    """Predicted stationary covariance and autocorrelation times of SGHMC (theory §5).
+
+    Builds ``(F, D)`` with :func:`sghmc_recursion` (same keyword arguments) and solves the
+    ``2d × 2d`` discrete Lyapunov equation ``Σ = F Σ Fᵀ + D`` (exact for the linear recursion,
+    at any step size). As ``η → 0`` at fixed ``C``, ``Σ_θθ → T (nJ)⁻¹`` and ``Σ_rr → T M``
+    (the law ``∝ exp(-(U(θ) + rᵀM⁻¹r/2)/T)``; Chen, Fox & Guestrin 2014); at finite ``η``
+    the discretisation bias is in ``Σ``.
+
+    The integrated autocorrelation time of ``vᵀθ`` is that of ``(v, 0)ᵀz``:
+    ``τ_v = vᵀL_θθv / vᵀΣ_θθv`` with ``L`` the long-run covariance
+    ``Σ + F(I-F)⁻¹Σ + Σ(I-F)⁻ᵀFᵀ`` (as :func:`autocorrelation_times`), so the per-coordinate
+    times are exact and the worst over functionals of ``θ`` is the largest generalised
+    eigenvalue of ``(L_θθ, Σ_θθ)`` (the momentum is not a sampled quantity).
+
+    Stability: with the default friction ``C = (α/η) M`` each eigenmode of ``M⁻¹J``
+    (eigenvalue ``λ``) is a 2 × 2 recursion with trace ``2 - α - η²nλ`` and determinant
+    ``1 - α``, stable iff ``0 < α < 2`` and ``η² n λ < 2(2 - α)``; so the step size must be
+    below ``sqrt(2(2 - α)/(n λmax(M⁻¹J)))``. The spectral radius is then ``sqrt(1 - α)`` for
+    the underdamped modes (``(2 - α - η²nλ)² < 4(1 - α)``).
+
+    :raises ValueError: as :func:`sghmc_recursion`; the chain is unstable (spectral radius of
+        ``F`` ≥ 1); ``Σ_θθ`` singular (no noise at all).
+    """
+    F, D = sghmc_recursion(J, **kwargs)
+    d = F.shape[0] // 2
+    radius = _spectral_radius(F)
+    if radius >= 1:
+        hint = ""
+        if kwargs.get("friction") is None:
+            alpha = float(kwargs.get("momentum_decay", 0.1))
+            n = int(kwargs["num_data"])
+            M_inv_J = np.linalg.solve(_as_square(kwargs.get("mass"), d, "mass"), _as_matrix(J, d))
+            lam_max = float(np.max(np.linalg.eigvals(M_inv_J).real))
+            if 0 < alpha < 2 and lam_max > 0:
+                bound = math.sqrt(2 * (2 - alpha) / (n * lam_max))
+                hint = (
+                    f" With C = (momentum_decay / step_size) M stability needs "
+                    f"step_size^2 n lambda_max(M^-1 J) < 2 (2 - momentum_decay), i.e. "
+                    f"step_size < {bound:.4g}."
+                )
+            else:
+                hint = " momentum_decay must be in (0, 2)."
+        raise ValueError(
+            f"The linearised chain is unstable: the spectral radius of the SGHMC transition F is "
+            f"{radius:.4g} >= 1. Reduce step_size (or the friction).{hint}"
+        )
+    sigma = discrete_lyapunov(F, D)
+    L = _long_run_covariance(F, sigma)
+    s_pos, l_pos = sigma[:d, :d], L[:d, :d]
+    try:
+        values, vectors = scipy.linalg.eigh(l_pos, s_pos)
+    except np.linalg.LinAlgError as err:
+        raise ValueError(
+            "The stationary position covariance is singular (no injected or gradient noise): "
+            "the autocorrelation times are undefined."
+        ) from err
+    return SGHMCPrediction(
+        covariance=sigma,
+        position_covariance=_sym(s_pos),
+        momentum_covariance=_sym(sigma[d:, d:]),
+        transition=F,
+        noise=D,
+        spectral_radius=radius,
+        autocorrelation_times=autocorrelation_times(
+            F, sigma, np.hstack([np.eye(d), np.zeros((d, d))])
+        ),
+        worst_autocorrelation_time=float(values[-1]),
+        worst_direction=_unit(vectors[:, -1]),
+    )
+
+
+def _as_square(p, d, name) -> np.ndarray:
+    """``None`` → ``I_d``; scalar → ``p I_d``; ``(d,)`` → ``diag``; ``(d, d)`` as is."""
+    if p is None:
+        return np.eye(d)
+    p = np.asarray(p, np.float64)
+    if p.ndim == 0:
+        return float(p) * np.eye(d)
+    out = np.diag(p) if p.ndim == 1 else p
+    if out.shape != (d, d):
+        raise ValueError(f"{name} must be a scalar, ({d},) or ({d}, {d}); got shape {p.shape}.")
+    return out

@@ -16,7 +16,8 @@ remembers the large gradients of the starting point) with a cosine-decayed rate,
 last iterates settle at the mode instead of rattling around it at the scale of the learning
 rate; the mode returned is the mean of the last tenth of the iterates (tail averaging).
 What the later steps need is kept: the mode (unconstrained and
-constrained), Adam's moments ``μ`` and ``ν`` (the seed's preconditioner statistics, §6), the
+constrained), Adam's moments ``μ`` and ``ν`` and its last minibatch gradient (the seed's
+preconditioner statistics, §6, see :func:`~numpyro_sgmc.mass_from_warm_start`), the
 full-data average gradient at the mode (one chunked pass) and the loss trace.
 
 **Convergence check.** With ``g`` the full-data average gradient at the end and ``J`` the
@@ -49,6 +50,8 @@ from numpyro_sgmc.batches import batch_sampler
 from numpyro_sgmc.diagnostics import user_stacklevel
 from numpyro_sgmc.fisher import information
 from numpyro_sgmc.gradients import full_data_gradient
+from numpyro_sgmc.kernels.base import ChainInit
+from numpyro_sgmc.mass_matrices import mass_from_warm_start
 from numpyro_sgmc.preconditioners import flat_layout
 from numpyro_sgmc.subsample import initialize, num_data
 
@@ -80,6 +83,8 @@ class WarmStart(NamedTuple):
     :param int num_data: ``n``.
     :param int num_epochs: passes over the data the optimizer made.
     :param dict plates: plate name -> :class:`~numpyro_sgmc.subsample.SubsamplePlate`.
+    :param dict final_gradient: the optimizer's last minibatch gradient of ``L`` (at its last
+        iterate): the "gradient" statistic of the §6 preconditioners.
     """
 
     params: dict
@@ -93,6 +98,7 @@ class WarmStart(NamedTuple):
     num_data: int
     num_epochs: float
     plates: dict
+    final_gradient: Optional[dict] = None
 
     @property
     def num_restarts(self) -> int:
@@ -107,6 +113,26 @@ class WarmStart(NamedTuple):
     def member(self, k: int) -> dict:
         """The unconstrained mode of restart ``k`` (no leading axis)."""
         return _restart(self.params, k)
+
+    def chain_init(self, statistic: Optional[str] = None, granularity: str = "layer"):
+        """Start one chain per member at its mode, with its own §6 mass matrix.
+
+        ``MCMC(SGHMC(...), num_chains=K).run(key, *args, init_params=warm.chain_init(...))``
+        is the Bayesian deep ensemble: chain ``k`` starts at mode ``k`` with the mass of its own
+        Adam run, so no warm-up is needed.
+
+        :param statistic: ``None`` (the kernel's own preconditioner, e.g. identity mass), or
+            ``"gradient"``, ``"first_moment"``, ``"second_moment"``
+            (:func:`~numpyro_sgmc.mass_from_warm_start`).
+        :param str granularity: ``"layer"`` or ``"parameter"``.
+        :return: a :class:`~numpyro_sgmc.ChainInit`.
+        """
+        if statistic is None:
+            return ChainInit(params=self.params)
+        return ChainInit(
+            params=self.params,
+            preconditioner=mass_from_warm_start(self, statistic, granularity),
+        )
 
     def __str__(self) -> str:
         lines = [
@@ -228,10 +254,11 @@ def warm_start(
         key_batches, key_steps = random.split(key)
         batch_state, all_losses, offset = sampler.init(key_batches), [], 0
         average = jax.tree.map(jnp.zeros_like, z)
+        last_grad = jax.tree.map(jnp.zeros_like, z)
         for phase, (opt, steps) in enumerate(phases):
 
             def step(carry, xs, opt=opt):
-                z, opt_state, batch_state, average = carry
+                z, opt_state, batch_state, average, _ = carry
                 k, t = xs
                 batch, batch_state = sampler.draw(batch_state, k)
                 loss, grad = jax.value_and_grad(loss_fn)(z, batch)
@@ -242,12 +269,12 @@ def warm_start(
                     t >= num_iterations - tail, 1.0 / (t - num_iterations + tail + 1), 0.0
                 )
                 average = jax.tree.map(lambda a, x: a + weight * (x - a), average, z)
-                return (z, opt_state, batch_state, average), loss
+                return (z, opt_state, batch_state, average, grad), loss
 
             keys = random.split(random.fold_in(key_steps, phase), steps)
             xs = (keys, offset + jnp.arange(steps))
-            (z, opt_state, batch_state, average), losses = lax.scan(
-                step, (z, opt.init(z), batch_state, average), xs
+            (z, opt_state, batch_state, average, last_grad), losses = lax.scan(
+                step, (z, opt.init(z), batch_state, average, last_grad), xs
             )
             all_losses.append(losses)
             offset += steps
@@ -255,9 +282,9 @@ def warm_start(
             potential_fn, plates, average, model_args, model_kwargs, chunk_size
         )
         mu, nu = _adam_moments(opt_state)
-        return average, gradient, mu, nu, jnp.concatenate(all_losses)
+        return average, gradient, last_grad, mu, nu, jnp.concatenate(all_losses)
 
-    z, gradient, mu, nu, losses = jax.jit(jax.vmap(run_one))(
+    z, gradient, last_grad, mu, nu, losses = jax.jit(jax.vmap(run_one))(
         z0, random.split(key_run, num_restarts)
     )
     losses = np.asarray(losses)
@@ -300,6 +327,7 @@ def warm_start(
         num_data=n,
         num_epochs=num_iterations * b / n,
         plates=plates,
+        final_gradient=last_grad,
     )
     if not np.all(converged):
         warnings.warn(

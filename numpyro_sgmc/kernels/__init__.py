@@ -8,14 +8,18 @@ from numpyro_sgmc.kernels.base import (
     SGMCKernel,
     SGMCState,
 )
+from numpyro_sgmc.kernels.sghmc import SGHMC, AdaSGHMC, MassAdaptation
 from numpyro_sgmc.kernels.sgld import SGD, SGLD, SGLDFP
 
 __all__ = [
+    "AdaSGHMC",
     "CentreWarning",
     "ChainInit",
     "DataOrderWarning",
+    "MassAdaptation",
     "PerformanceWarning",
     "SGD",
+    "SGHMC",
     "SGLD",
     "SGLDFP",
     "SGMCKernel",

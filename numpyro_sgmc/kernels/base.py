@@ -75,6 +75,9 @@ class SGMCState(NamedTuple):
     :param average: running mean of the iterates after warm-up (SGD), else ``None``.
     :param batch_state: state of the batch sampler (:mod:`~numpyro_sgmc.batches`).
     :param rng_key: PRNG key for the next step.
+    :param dict momentum: SGHMC's momentum ``r``, kept from step to step; ``None`` for the
+        first-order kernels. For SGHMC, ``preconditioner`` holds the mass matrix ``M``.
+    :param mass_adaptation: AdaSGHMC's running mean of squared gradients, else ``None``.
     """
 
     i: Any
@@ -88,6 +91,8 @@ class SGMCState(NamedTuple):
     average: Optional[dict]
     batch_state: Any
     rng_key: Any
+    momentum: Optional[dict] = None
+    mass_adaptation: Any = None
 
 
 class ChainInit(NamedTuple):
