@@ -54,13 +54,6 @@ def langevin_step(
     return jax.tree.map(lambda x, e: x + scale * e, moved, noise)
 
 
-def _diagonal(precond, tree: dict) -> dict:
-    """The diagonal of an :class:`~numpyro_sgmc.Identity` or :class:`~numpyro_sgmc.Diagonal`."""
-    if isinstance(precond, preconditioners.Identity):
-        return {k: jnp.ones_like(v) for k, v in tree.items()}
-    return {k: jnp.broadcast_to(precond.scale[k], jnp.shape(v)) for k, v in tree.items()}
-
-
 def sghmc_step(
     rng_key,
     position: dict,
@@ -111,7 +104,7 @@ def sghmc_step(
             scale = (2.0 * temperature * momentum_decay) ** 0.5
             noise = jax.tree.map(lambda e: scale * e, preconditioners.apply_sqrt(mass, xi))
         else:
-            m = _diagonal(mass, position)
+            m = preconditioners.diagonal(mass, position)
             noise = {
                 k: jnp.sqrt(
                     jnp.maximum(

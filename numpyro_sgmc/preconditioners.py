@@ -44,6 +44,8 @@ __all__ = [
     "apply",
     "apply_inverse",
     "apply_sqrt",
+    "check_scales",
+    "diagonal",
     "flat_layout",
     "layerwise",
     "prepare",
@@ -131,30 +133,9 @@ def prepare(spec, position: dict, role: str = "preconditioner"):
     if isinstance(spec, Identity):
         return spec
     if isinstance(spec, Diagonal):
-        scale = spec.scale
-        if not isinstance(scale, dict):
+        if not isinstance(spec.scale, dict):
             raise TypeError(f"{role}: Diagonal.scale must be a dict keyed by site name.")
-        unknown, missing = set(scale) - set(position), set(position) - set(scale)
-        if unknown or missing:
-            raise ValueError(
-                f"{role}: Diagonal scales must cover exactly the latent sites "
-                f"{sorted(position)}; unknown: {sorted(unknown)}, missing: {sorted(missing)}."
-            )
-        out = {}
-        for name, value in scale.items():
-            value = jnp.asarray(value, dtype=jnp.result_type(position[name]))
-            try:
-                jnp.broadcast_shapes(jnp.shape(value), jnp.shape(position[name]))
-            except ValueError:
-                raise ValueError(
-                    f"{role}: scale for site '{name}' has shape {jnp.shape(value)}, which does "
-                    f"not broadcast to the site's unconstrained shape {jnp.shape(position[name])}."
-                ) from None
-            if not_jax_tracer(value) and not np.all(np.asarray(value) > 0):
-                raise ValueError(
-                    f"{role}: scale for site '{name}' must be positive and finite everywhere."
-                )
-            out[name] = value
+        out = check_scales(spec.scale, position, role)
         return Diagonal(out)
     d = ravel_pytree(position)[0].shape[0]
     matrix = jnp.asarray(spec.matrix, dtype=ravel_pytree(position)[0].dtype)
@@ -175,6 +156,49 @@ def prepare(spec, position: dict, role: str = "preconditioner"):
                 "a small multiple of the identity."
             )
     return Dense(matrix, cholesky)
+
+
+def check_scales(scale: dict, position: dict, role: str, allow_zero: bool = False) -> dict:
+    """Validate per-site diagonal values against ``position``; return them as arrays.
+
+    Every latent site must be covered, each value must broadcast to its site's unconstrained
+    shape and (when concrete) be finite and positive, or non-negative with ``allow_zero``.
+    """
+    unknown, missing = set(scale) - set(position), set(position) - set(scale)
+    if unknown or missing:
+        raise ValueError(
+            f"{role}: Diagonal scales must cover exactly the latent sites "
+            f"{sorted(position)}; unknown: {sorted(unknown)}, missing: {sorted(missing)}."
+        )
+    out = {}
+    for name, value in scale.items():
+        value = jnp.asarray(value, dtype=jnp.result_type(position[name]))
+        try:
+            jnp.broadcast_shapes(jnp.shape(value), jnp.shape(position[name]))
+        except ValueError:
+            raise ValueError(
+                f"{role}: scale for site '{name}' has shape {jnp.shape(value)}, which does "
+                f"not broadcast to the site's unconstrained shape {jnp.shape(position[name])}."
+            ) from None
+        if not_jax_tracer(value):
+            arr = np.asarray(value)
+            if not (np.all(np.isfinite(arr)) and np.all(arr >= 0 if allow_zero else arr > 0)):
+                sign = "non-negative" if allow_zero else "positive"
+                raise ValueError(
+                    f"{role}: scale for site '{name}' must be {sign} and finite everywhere."
+                )
+        out[name] = value
+    return out
+
+
+def diagonal(precond, position: dict) -> dict:
+    """The diagonal of an :class:`Identity` or :class:`Diagonal`, one array per site."""
+    if isinstance(precond, Identity):
+        return {k: jnp.ones_like(v) for k, v in position.items()}
+    return {
+        k: jnp.broadcast_to(precond.scale[k], jnp.shape(v)).astype(jnp.result_type(v))
+        for k, v in position.items()
+    }
 
 
 def apply(precond, tree: dict) -> dict:

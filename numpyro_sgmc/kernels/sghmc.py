@@ -62,29 +62,8 @@ def _per_site(spec, position: dict, role: str, allow_zero: bool):
         return None
     if not isinstance(spec, preconditioners.Diagonal):
         return {k: jnp.full(jnp.shape(v), spec, jnp.result_type(v)) for k, v in position.items()}
-    unknown, missing = set(spec.scale) - set(position), set(position) - set(spec.scale)
-    if unknown or missing:
-        raise ValueError(
-            f"{role} must cover exactly the latent sites {sorted(position)}; unknown: "
-            f"{sorted(unknown)}, missing: {sorted(missing)}."
-        )
-    out = {}
-    for k, v in position.items():
-        value = jnp.asarray(spec.scale[k], jnp.result_type(v))
-        try:
-            value = jnp.broadcast_to(value, jnp.shape(v))
-        except ValueError:
-            raise ValueError(
-                f"{role} for site '{k}' has shape {jnp.shape(value)}, which does not broadcast "
-                f"to the site's unconstrained shape {jnp.shape(v)}."
-            ) from None
-        if not_jax_tracer(value):
-            arr = np.asarray(value)
-            if not (np.all(np.isfinite(arr)) and np.all(arr >= 0 if allow_zero else arr > 0)):
-                sign = "non-negative" if allow_zero else "positive"
-                raise ValueError(f"{role} for site '{k}' must be {sign} and finite everywhere.")
-        out[k] = value
-    return out
+    scales = preconditioners.check_scales(spec.scale, position, role, allow_zero)
+    return {k: jnp.broadcast_to(v, jnp.shape(position[k])) for k, v in scales.items()}
 
 
 class MassAdaptation(NamedTuple):
@@ -244,15 +223,7 @@ class SGHMC(SGMCKernel):
         adaptation = None
         if self._adapts_mass:
             # a full per-entry diagonal, so that adaptation can write every entry
-            mass = preconditioners.Diagonal(
-                {
-                    k: jnp.broadcast_to(
-                        1.0 if isinstance(mass, preconditioners.Identity) else mass.scale[k],
-                        jnp.shape(v),
-                    ).astype(jnp.result_type(v))
-                    for k, v in state.z.items()
-                }
-            )
+            mass = preconditioners.Diagonal(preconditioners.diagonal(mass, state.z))
             adaptation = MassAdaptation(
                 jax.tree.map(jnp.zeros_like, state.z), jnp.zeros((), jnp.int32)
             )
@@ -263,13 +234,7 @@ class SGHMC(SGMCKernel):
         noise_ok = jnp.array(True)
         if self._noise_sites is not None:
             if self._friction_sites is None:
-                m = {
-                    k: jnp.broadcast_to(
-                        1.0 if isinstance(mass, preconditioners.Identity) else mass.scale[k],
-                        jnp.shape(v),
-                    )
-                    for k, v in state.z.items()
-                }
+                m = preconditioners.diagonal(mass, state.z)
                 friction = {k: self._momentum_decay * m[k] / self._step_size for k in m}
             else:
                 friction = self._friction_sites
