@@ -8,7 +8,7 @@ kernels implement its meta-algorithm (§2)
 with ``ĝ`` the minibatch or control-variate estimate of the average gradient ``-∇U/n``.
 """
 
-from numpyro_sgmc import theory
+from numpyro_sgmc import distributed, theory
 from numpyro_sgmc.autotune import TuningReport, autotune, target_weights
 from numpyro_sgmc.batches import shuffle_rows
 from numpyro_sgmc.check import RunCheck, check_run
@@ -35,6 +35,9 @@ from numpyro_sgmc.mass_matrices import (
     parameterwise_mass,
 )
 from numpyro_sgmc.preconditioners import Dense, Diagonal, Identity, flat_layout, layerwise
+from numpyro_sgmc.progress import EpochProgress
+from numpyro_sgmc.runner import KernelRun, run_kernel
+from numpyro_sgmc.sharding import data_mesh, shard_data
 from numpyro_sgmc.warmstart import ConvergenceWarning, WarmStart, warm_start
 
 __version__ = "0.1.0"
@@ -48,8 +51,10 @@ __all__ = [
     "Dense",
     "Diagonal",
     "DivergenceWarning",
+    "EpochProgress",
     "Identity",
     "Information",
+    "KernelRun",
     "MassAdaptation",
     "PerformanceWarning",
     "RunCheck",
@@ -63,6 +68,8 @@ __all__ = [
     "WarmStart",
     "autotune",
     "check_run",
+    "data_mesh",
+    "distributed",
     "flat_layout",
     "information",
     "layerwise",
@@ -71,6 +78,8 @@ __all__ = [
     "pairwise_cosine_similarity",
     "parameterwise_mass",
     "per_datum_hessians",
+    "run_kernel",
+    "shard_data",
     "shuffle_rows",
     "target_weights",
     "theory",

@@ -31,7 +31,7 @@ indices in O(b).
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import jax.numpy as jnp
 from jax import lax, random
@@ -123,15 +123,30 @@ def _plate_keys(rng_key, plates):
     return zip(random.split(rng_key, len(plates)), sorted(plates.items()), strict=True)
 
 
-def batch_sampler(plates: dict, method: str = "with_replacement") -> BatchSampler:
+def batch_sampler(
+    plates: dict, method: str = "with_replacement", shard_axis: Optional[str] = None
+) -> BatchSampler:
     """The batch sampler ``method`` (one of :data:`BATCH_SAMPLING`) for ``plates``.
 
     A plate whose batch size equals its size always gets ``arange(n)``: the full data.
+
+    :param str shard_axis: ``None`` for one device. Otherwise the sampler draws one shard's
+        indices inside :func:`jax.shard_map` over this mesh axis (:mod:`~numpyro_sgmc.sharding`):
+        ``plates`` are then the shard's (``n_p/D`` rows, batch ``b_p/D``), the state and the key
+        are the same on every shard, and shard ``d`` folds ``d`` into the key
+        (:func:`jax.random.fold_in`), so the ``D`` shards draw independent batches, each of its
+        own rows, in O(b/D). With ``D = 1`` the key is used as is: the draws are the
+        single-device sampler's.
     """
     if method not in BATCH_SAMPLING:
         raise ValueError(
             f"Unknown batch_sampling {method!r}; choose one of {', '.join(BATCH_SAMPLING)}."
         )
+
+    def shard_key(rng_key):
+        if shard_axis is None or lax.axis_size(shard_axis) == 1:
+            return rng_key
+        return random.fold_in(rng_key, lax.axis_index(shard_axis))
 
     def indices(plate, key, step=None):
         """Indices for one plate; ``key`` is per step, or per chain with the epoch ``step``."""
@@ -153,8 +168,8 @@ def batch_sampler(plates: dict, method: str = "with_replacement") -> BatchSample
             return ()
 
         def draw(state, rng_key):
-            batch = {name: indices(p, k) for k, (name, p) in _plate_keys(rng_key, plates)}
-            return Batch(batch), state
+            keys = _plate_keys(shard_key(rng_key), plates)
+            return Batch({name: indices(p, k) for k, (name, p) in keys}), state
 
         return BatchSampler(init, draw)
 
@@ -162,7 +177,7 @@ def batch_sampler(plates: dict, method: str = "with_replacement") -> BatchSample
         return EpochState(rng_key, jnp.zeros((), jnp.int32))
 
     def draw(state, rng_key):
-        keys = _plate_keys(state.key, plates)
+        keys = _plate_keys(shard_key(state.key), plates)
         batch = {name: indices(p, k, state.step) for k, (name, p) in keys}
         return Batch(batch), state._replace(step=state.step + 1)
 

@@ -104,11 +104,13 @@ def _names(layout) -> list:
 def check_run(mcmc, report, *, print_table: bool = True) -> RunCheck:
     """Compare the draws of ``mcmc`` (after ``run``) with ``report``'s predictions.
 
-    :param mcmc: a ``numpyro.infer.MCMC`` that ran the kernel :func:`autotune` returned.
+    :param mcmc: a ``numpyro.infer.MCMC`` that ran the kernel :func:`autotune` returned, or
+        the :class:`~numpyro_sgmc.runner.KernelRun` of :func:`~numpyro_sgmc.run_kernel`.
     :param report: its :class:`~numpyro_sgmc.autotune.TuningReport`.
     :param print_table: print the comparison table.
     """
     draws = unconstrained_draws(mcmc.get_samples(group_by_chain=True), report)
+    thinning = int(getattr(mcmc, "thinning", 1))  # a kept draw is every thinning-th draw
     num_chains, num_draws, d = draws.shape
     if num_draws < 20:
         raise ValueError(f"check_run needs at least 20 draws per chain, got {num_draws}.")
@@ -127,8 +129,9 @@ def check_run(mcmc, report, *, print_table: bool = True) -> RunCheck:
         sd_ratio=ratio,
         sd_ratio_se=ratio * np.sqrt(tau / (2.0 * num_chains * num_draws)),
         autocorrelation=tau,
-        predicted_autocorrelation=report.autocorrelation_per_draw(),
+        predicted_autocorrelation=report.autocorrelation_per_draw(thinning),
         epochs_per_draw=report.num_steps
+        * thinning
         * report.gradient_evaluations_per_iteration
         / report.num_data,
         num_draws=num_chains * num_draws,

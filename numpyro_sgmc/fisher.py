@@ -46,7 +46,7 @@ from jax.flatten_util import ravel_pytree
 from numpyro.infer.initialization import init_to_uniform
 
 from numpyro_sgmc.preconditioners import flat_layout
-from numpyro_sgmc.subsample import Batch, initialize, num_data
+from numpyro_sgmc.subsample import Batch, initialize, num_data, split_args
 
 __all__ = ["Information", "information", "per_datum_hessians"]
 
@@ -198,21 +198,6 @@ def _condition(M) -> float:
     return float("inf") if lo <= 0 else hi / lo
 
 
-def _split_args(model_args, model_kwargs):
-    """Array leaves travel into the jitted functions as arguments, the rest stay static."""
-    leaves, treedef = jax.tree.flatten((tuple(model_args), dict(model_kwargs)))
-    is_array = [isinstance(x, (np.ndarray, jax.Array)) for x in leaves]
-    dynamic = [x for x, a in zip(leaves, is_array, strict=True) if a]
-    static = [None if a else x for x, a in zip(leaves, is_array, strict=True)]
-
-    def rebuild(dyn):
-        it = iter(dyn)
-        out = [next(it) if a else s for s, a in zip(static, is_array, strict=True)]
-        return jax.tree.unflatten(treedef, out)
-
-    return dynamic, rebuild
-
-
 def _key_seed(key) -> list:
     if jnp.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
         key = random.key_data(key)
@@ -340,7 +325,7 @@ def information(
     layout = flat_layout(params)
     zflat, unravel = ravel_pytree(params)
     d = int(zflat.shape[0])
-    dynamic, rebuild = _split_args(model_args, model_kwargs)
+    dynamic, rebuild = split_args(model_args, model_kwargs)
     potential_fn = prep.potential_fn
 
     # rows per plate: None = all of them (indices built inside the jitted scan, O(chunk))
@@ -525,7 +510,7 @@ def per_datum_hessians(
     plates = dict(sorted(prep.plates.items()))
     dtype = jnp.result_type(float)
     zflat, unravel = ravel_pytree(_check_params(params, prep.init_params, dtype))
-    dynamic, rebuild = _split_args(model_args, model_kwargs)
+    dynamic, rebuild = split_args(model_args, model_kwargs)
     gen = np.random.default_rng(_key_seed(key_rows))
     counts = _rows_per_plate(plates, min(int(num_rows), num_data(plates)))
 

@@ -26,7 +26,7 @@ cancel, which gives the formula of §1.) Reference: Baker, Fearnhead, Fox, Nemet
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -88,6 +88,7 @@ def full_data_gradient(
     model_args: tuple,
     model_kwargs: dict,
     chunk_size: int = 65536,
+    axis_name: Optional[str] = None,
 ) -> dict:
     """The exact full-data average gradient ``-∇U(θ)/n``, in chunks of at most ``chunk_size``.
 
@@ -95,8 +96,16 @@ def full_data_gradient(
     with weight-0 indices); chunk ``c`` is evaluated with each datum weighted 1 and the prior
     weighted ``1/C`` (:class:`~numpyro_sgmc.subsample.weight_data`), so the chunk gradients
     sum to the full gradient exactly. Memory is O(chunk_size) whatever ``n``.
+
+    :param str axis_name: ``None`` on one device. Otherwise this runs on one shard inside
+        :func:`jax.shard_map` over that mesh axis of ``D`` shards (:mod:`~numpyro_sgmc.sharding`):
+        ``plates`` are the shard's (``n_p/D`` rows each), its chunks weight the prior
+        ``1/(CD)``, and the shards' sums are added with :func:`jax.lax.psum`, so every shard
+        returns the full-data gradient over all ``n = D·Σ_p n_p/D`` rows, the prior counted
+        once.
     """
-    n = num_data(plates)
+    num_shards = 1 if axis_name is None else lax.axis_size(axis_name)
+    n = num_data(plates) * num_shards
     num_chunks = max(math.ceil(p.size / chunk_size) for p in plates.values())
     lengths = {name: math.ceil(p.size / num_chunks) for name, p in plates.items()}
     grad_potential = jax.grad(potential_fn)
@@ -108,7 +117,7 @@ def full_data_gradient(
             valid = idx < p.size
             indices[name] = jnp.where(valid, idx, 0)
             weights[name] = valid.astype(jnp.result_type(float))
-        batch = Batch(indices, weights, 1.0 / num_chunks)
+        batch = Batch(indices, weights, 1.0 / (num_chunks * num_shards))
         return grad_potential(position, batch, model_args, model_kwargs)
 
     if num_chunks == 1:
@@ -120,4 +129,6 @@ def full_data_gradient(
 
         zeros = jax.tree.map(jnp.zeros_like, position)
         total, _ = lax.scan(body, zeros, jnp.arange(num_chunks))
+    if axis_name is not None:
+        total = lax.psum(total, axis_name)
     return jax.tree.map(lambda g: -g / n, total)

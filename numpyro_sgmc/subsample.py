@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple, Optional
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import random
@@ -41,6 +42,8 @@ __all__ = [
     "initialize",
     "num_data",
     "plate_sites",
+    "plate_sizes",
+    "split_args",
     "subsample_indices",
     "weight_data",
 ]
@@ -88,14 +91,51 @@ class subsample_indices(Messenger):
         super().__init__(fn)
 
     def process_message(self, msg):
-        if msg["type"] != "plate" or msg["value"] is not None:
+        if msg["type"] != "plate":
+            return
+        idx = self.indices.get(msg["name"])
+        # a plate named in `indices` takes them even if it would run over all of its rows (on a
+        # shard of n/D rows, a model's subsample_size can equal the shard's size)
+        if msg["value"] is not None and idx is None:
             return
         size, subsample_size = msg["args"]
-        idx = self.indices.get(msg["name"])
         if idx is None:
             idx = jnp.arange(subsample_size)
         msg["value"] = idx
         msg["args"] = (size, jnp.shape(idx)[0])
+
+
+class plate_sizes(Messenger):
+    """Scale each subsample plate to its global size, whatever size the model declares.
+
+    A plate declared with ``size`` rows and given ``m`` indices scales its log-likelihood by
+    ``size / m``. Inside the data-parallel estimator (:mod:`numpyro_sgmc.sharding`) a model
+    that takes its plate size from the data (``numpyro.plate("data", X.shape[0], ...)``)
+    sees its shard's ``n_p / D`` rows; this handler multiplies the plate's factor by
+    ``sizes[p] / size``, so that the batch is scaled by ``n_p / m`` as the estimator of
+    ``shared/design/theory.md`` §1 needs. Where the declared size is the global one (every
+    single-device run) it does nothing.
+    """
+
+    def __init__(self, fn: Optional[Callable] = None, sizes: Optional[dict] = None):
+        self.sizes = {} if sizes is None else sizes
+        self.declared = {}
+        super().__init__(fn)
+
+    def process_message(self, msg):
+        if msg["type"] == "plate":
+            if msg["name"] in self.sizes:
+                self.declared[msg["name"]] = msg["args"][0]
+            return
+        if msg["type"] != "sample":
+            return
+        for frame in msg["cond_indep_stack"]:
+            declared = self.declared.get(frame.name)
+            if declared is None or declared == self.sizes[frame.name]:
+                continue
+            # the plate applied declared / m (1 when m == declared, the same thing)
+            scale = 1.0 if msg["scale"] is None else msg["scale"]
+            msg["scale"] = scale * (self.sizes[frame.name] / declared)
 
 
 def first_rows(model: Callable) -> Callable:
@@ -152,20 +192,25 @@ def data_indexed_model(model: Callable, plates: dict) -> Callable:
     """Wrap ``model`` so that its first argument is a :class:`Batch` of data indices.
 
     The wrapped model ``indexed(batch, *args, **kwargs)`` runs ``model(*args, **kwargs)`` with
-    every subsample plate given ``batch.indices`` (and, if ``batch.weights`` is set, each term
-    reweighted by :class:`weight_data`). It is what the kernels hand to
+    every subsample plate given ``batch.indices``, scaled to the size it has in ``plates``
+    (:class:`plate_sizes`), and, if ``batch.weights`` is set, each term reweighted by
+    :class:`weight_data`. It is what the kernels hand to
     :func:`numpyro.infer.util.initialize_model` with ``dynamic_args=True``: the data and the
     indices then reach the jitted step as arguments, never as compiled-in constants.
     """
 
+    sizes = {name: p.size for name, p in plates.items()}
+
     def indexed(batch: Batch, *args, **kwargs):
         with subsample_indices(indices=batch.indices):
             if batch.weights is None:
-                return model(*args, **kwargs)
+                with plate_sizes(sizes=sizes):
+                    return model(*args, **kwargs)
             with weight_data(
                 plates=plates, weights=batch.weights, global_weight=batch.global_weight
             ):
-                return model(*args, **kwargs)
+                with plate_sizes(sizes=sizes):
+                    return model(*args, **kwargs)
 
     return indexed
 
@@ -353,3 +398,24 @@ def initialize(
         return lambda z: {k: v for k, v in constrain(z).items() if k not in per_datum}
 
     return SubsampledModel(plates, potential_fn, postprocess_fn, info.param_info.z, proto_trace)
+
+
+def split_args(model_args, model_kwargs):
+    """Split the model's arguments into array leaves and a function that rebuilds them.
+
+    Functions compiled with ``jax.jit`` take the arrays (the data) as arguments: closed over,
+    they would be compiled in as constants, with compile time and memory growing with ``n``.
+
+    :return: ``(arrays, rebuild)`` with ``rebuild(arrays) == (model_args, model_kwargs)``.
+    """
+    leaves, treedef = jax.tree.flatten((tuple(model_args), dict(model_kwargs)))
+    is_array = [isinstance(x, (np.ndarray, jax.Array)) for x in leaves]
+    dynamic = [x for x, a in zip(leaves, is_array, strict=True) if a]
+    static = [None if a else x for x, a in zip(leaves, is_array, strict=True)]
+
+    def rebuild(dyn):
+        it = iter(dyn)
+        out = [next(it) if a else s for s, a in zip(static, is_array, strict=True)]
+        return jax.tree.unflatten(treedef, out)
+
+    return dynamic, rebuild

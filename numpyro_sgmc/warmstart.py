@@ -53,7 +53,7 @@ from numpyro_sgmc.gradients import full_data_gradient
 from numpyro_sgmc.kernels.base import ChainInit
 from numpyro_sgmc.mass_matrices import mass_from_warm_start
 from numpyro_sgmc.preconditioners import flat_layout
-from numpyro_sgmc.subsample import initialize, num_data
+from numpyro_sgmc.subsample import initialize, num_data, split_args
 
 __all__ = ["ConvergenceWarning", "WarmStart", "warm_start"]
 
@@ -78,8 +78,8 @@ class WarmStart(NamedTuple):
     :param dict second_moment: Adam's ``ν`` (``sqrt(ν)`` is Adam's denominator).
     :param loss: ``(K, num_iterations)`` minibatch loss ``L`` at every iteration.
     :param gradient_distance: ``(K,)`` ``sqrt(n gᵀJ⁻¹g)``: the Newton step from each mode
-        found to the exact one, in posterior standard deviations.
-    :param converged: ``(K,)`` whether ``gradient_distance <= tol``.
+        found to the exact one, in posterior standard deviations (NaN if not checked).
+    :param converged: ``(K,)`` whether ``gradient_distance <= tol``; ``None`` if not checked.
     :param int num_data: ``n``.
     :param int num_epochs: passes over the data the optimizer made.
     :param dict plates: plate name -> :class:`~numpyro_sgmc.subsample.SubsamplePlate`.
@@ -149,8 +149,12 @@ class WarmStart(NamedTuple):
         for k in range(self.num_restarts):
             lines.append(
                 f"  restart {k}: final loss {last[k]:.6g}, |full-data gradient| {norms[k]:.3g}, "
-                f"{self.gradient_distance[k]:.2g} posterior sd from the mode"
-                + ("" if self.converged[k] else "  NOT CONVERGED")
+                + (
+                    "convergence not checked"
+                    if self.converged is None
+                    else f"{self.gradient_distance[k]:.2g} posterior sd from the mode"
+                    + ("" if self.converged[k] else "  NOT CONVERGED")
+                )
             )
         return "\n".join(lines)
 
@@ -179,6 +183,7 @@ def warm_start(
     init_params: Optional[dict] = None,
     init_strategy=init_to_uniform,
     tol: Optional[float] = None,
+    check: bool = True,
     num_check_rows: int = 2048,
     chunk_size: int = 65536,
     **model_kwargs,
@@ -202,6 +207,10 @@ def warm_start(
     :param tol: the largest ``gradient_distance`` (in posterior sds) counted as converged;
         default ``max(3, 2√d)`` for ``d`` parameters (a random offset of one posterior sd per
         coordinate is ``√d`` sds long).
+    :param check: estimate ``J`` on ``num_check_rows`` rows per restart to measure how far
+        each mode is from a zero of the gradient (``gradient_distance``), and warn if it is
+        farther than ``tol``. For networks this is most of the cost; :func:`~numpyro_sgmc.
+        autotune` skips it because it estimates ``J`` and takes a Newton step itself.
     :param num_check_rows: rows used to estimate the per-datum gradient scale of the check.
     :param chunk_size: rows per chunk of the full-data gradient pass.
     :param model_kwargs: the model's keyword arguments.
@@ -245,12 +254,13 @@ def warm_start(
     sampler = batch_sampler(plates, "epochs")
     potential_fn = prepared.potential_fn
 
-    def loss_fn(z, batch):
-        return potential_fn(z, batch, model_args, model_kwargs) / n
+    def loss_fn(z, batch, args, kwargs):
+        return potential_fn(z, batch, args, kwargs) / n
 
     tail = max(1, num_iterations // 10)
 
-    def run_one(z, key):
+    def run_one(z, key, data):
+        args, kwargs = rebuild(data)
         key_batches, key_steps = random.split(key)
         batch_state, all_losses, offset = sampler.init(key_batches), [], 0
         average = jax.tree.map(jnp.zeros_like, z)
@@ -261,7 +271,7 @@ def warm_start(
                 z, opt_state, batch_state, average, _ = carry
                 k, t = xs
                 batch, batch_state = sampler.draw(batch_state, k)
-                loss, grad = jax.value_and_grad(loss_fn)(z, batch)
+                loss, grad = jax.value_and_grad(loss_fn)(z, batch, args, kwargs)
                 updates, opt_state = opt.update(grad, opt_state, z)
                 z = optax.apply_updates(z, updates)
                 # running mean of the last `tail` iterates (zero weight before them)
@@ -278,14 +288,15 @@ def warm_start(
             )
             all_losses.append(losses)
             offset += steps
-        gradient = full_data_gradient(
-            potential_fn, plates, average, model_args, model_kwargs, chunk_size
-        )
+        gradient = full_data_gradient(potential_fn, plates, average, args, kwargs, chunk_size)
         mu, nu = _adam_moments(opt_state)
         return average, gradient, last_grad, mu, nu, jnp.concatenate(all_losses)
 
-    z, gradient, last_grad, mu, nu, losses = jax.jit(jax.vmap(run_one))(
-        z0, random.split(key_run, num_restarts)
+    # the data enter as arguments: closed over, they would be compiled in as constants
+    # (compile time and memory growing with n)
+    data, rebuild = split_args(model_args, model_kwargs)
+    z, gradient, last_grad, mu, nu, losses = jax.jit(jax.vmap(run_one, (0, 0, None)))(
+        z0, random.split(key_run, num_restarts), data
     )
     losses = np.asarray(losses)
     finite = np.isfinite(losses[:, -1])
@@ -296,24 +307,26 @@ def warm_start(
             f"The optimizer diverged (non-finite loss or parameters) in restart(s) "
             f"{np.flatnonzero(~finite).tolist()}: lower learning_rate (now {learning_rate})."
         )
-    distance = np.array(
-        [
-            _gradient_distance(
-                model,
-                model_args,
-                model_kwargs,
-                _restart(z, k),
-                _restart(gradient, k),
-                n,
-                num_check_rows,
-                random.fold_in(key_check, k),
-            )
-            for k in range(num_restarts)
-        ]
-    )
+    distance = np.full(num_restarts, np.nan)
+    if check:
+        distance = np.array(
+            [
+                _gradient_distance(
+                    model,
+                    model_args,
+                    model_kwargs,
+                    _restart(z, k),
+                    _restart(gradient, k),
+                    n,
+                    num_check_rows,
+                    random.fold_in(key_check, k),
+                )
+                for k in range(num_restarts)
+            ]
+        )
     if tol is None:
         tol = max(3.0, 2.0 * math.sqrt(sum(np.size(v[0]) for v in jax.tree.leaves(z))))
-    converged = distance <= tol
+    converged = distance <= tol if check else None
     constrain = prepared.postprocess_fn(model_args, model_kwargs)
     result = WarmStart(
         params=z,
@@ -329,7 +342,7 @@ def warm_start(
         plates=plates,
         final_gradient=last_grad,
     )
-    if not np.all(converged):
+    if check and not np.all(converged):
         warnings.warn(
             f"The warm start has not converged in restart(s) {np.flatnonzero(~converged).tolist()}:"
             f" after {result.num_epochs:g} epochs the full-data gradient puts the mode "

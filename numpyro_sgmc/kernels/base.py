@@ -35,7 +35,7 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import identity, is_prng_key, not_jax_tracer
 
-from numpyro_sgmc import preconditioners
+from numpyro_sgmc import preconditioners, sharding
 from numpyro_sgmc.batches import BATCH_SAMPLING, batch_sampler
 from numpyro_sgmc.diagnostics import report_new_divergences, tree_all_finite, user_stacklevel
 from numpyro_sgmc.diffusions import langevin_step, sgd_step
@@ -45,7 +45,8 @@ from numpyro_sgmc.gradients import (
     full_data_gradient,
     minibatch_gradient,
 )
-from numpyro_sgmc.subsample import first_batch, full_data, initialize, num_data
+from numpyro_sgmc.progress import EpochProgress
+from numpyro_sgmc.subsample import first_batch, full_data, initialize, num_data, split_args
 
 __all__ = [
     "CentreWarning",
@@ -208,6 +209,12 @@ class SGMCKernel(MCMCKernel):
         autocorrelated, so little is lost by not storing each one.
     :param init_strategy: NumPyro init strategy for chains not given ``init_params``.
     :param int chunk_size: rows per plate evaluated at once for full-data gradients.
+    :param int progress_draws: show a progress bar in epochs with the time left (ETA) for a
+        run of this many draws, warm-up included (``num_warmup + num_samples · thinning``);
+        also settable as the attribute of the same name before ``MCMC.run``. It is updated
+        from inside the compiled loop about 100 times per run
+        (:class:`~numpyro_sgmc.progress.EpochProgress`), so it costs no per-step or per-draw
+        host round-trips; use it with ``MCMC(..., progress_bar=False)`` for large data.
     """
 
     sample_field = "z"
@@ -227,6 +234,7 @@ class SGMCKernel(MCMCKernel):
         num_steps=100,
         init_strategy=init_to_uniform,
         chunk_size=65536,
+        progress_draws=None,
     ):
         if not callable(model):
             raise TypeError(f"model must be a NumPyro model (a callable), got {model!r}.")
@@ -263,6 +271,8 @@ class SGMCKernel(MCMCKernel):
         if not (isinstance(chunk_size, int) and chunk_size > 0):
             raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
         self._chunk_size = chunk_size
+        self.progress_draws = progress_draws
+        self._progress = None
         self._plates = None
         self._potential_fn = None
         self._postprocess = None
@@ -270,6 +280,7 @@ class SGMCKernel(MCMCKernel):
         self._diagnostics = None
         self._traced_data_bytes = 0
         self._warned_progress_copy = False
+        self._layout = None
 
     # ---- configuration -------------------------------------------------------------------
 
@@ -282,6 +293,24 @@ class SGMCKernel(MCMCKernel):
         ``draws × n``; pass ``log_likelihood=False`` there for large ``n``).
         """
         return full_data(self._model)
+
+    @property
+    def progress_draws(self) -> Optional[int]:
+        """Draws of the run the epoch progress bar counts to (``None``: no bar)."""
+        return self._progress_draws
+
+    @progress_draws.setter
+    def progress_draws(self, num_draws):
+        if num_draws is not None and not (
+            isinstance(num_draws, (int, np.integer))
+            and not isinstance(num_draws, bool)
+            and num_draws >= 1
+        ):
+            raise ValueError(
+                f"progress_draws must be None or a positive int (num_warmup + num_samples), "
+                f"got {num_draws!r}."
+            )
+        self._progress_draws = num_draws
 
     @property
     def step_size(self) -> float:
@@ -366,6 +395,8 @@ class SGMCKernel(MCMCKernel):
         else:
             rng_key, key_init, key_batches = random.split(rng_key, 3)
 
+        # sharded model arguments switch every gradient to the data-parallel estimator
+        sharding.data_layout(model_args, model_kwargs)  # layout errors before tracing the model
         prepared = initialize(
             key_init,
             self._model,
@@ -375,16 +406,24 @@ class SGMCKernel(MCMCKernel):
             init_strategy=self._init_strategy,
         )
         self._plates = prepared.plates
-        self._batches = batch_sampler(self._plates, self._batch_sampling)
         self._potential_fn = prepared.potential_fn
         self._postprocess = prepared.postprocess_fn
+        self._layout = sharding.data_layout(model_args, model_kwargs, self._plates)
         estimator = control_variate_gradient if self._control_variates else minibatch_gradient
         self._estimator = estimator(self._potential_fn, num_data(self._plates))
+        self._batch_init, self._gradient = self._gradient_estimator(
+            self._estimator, self._batch_sampling
+        )
         # MCMC re-runs `init` on a `post_warmup_state` until this is set
         self._sample_fn = self._step
+        self._progress = self._epoch_progress()
 
         z = prepared.init_params if chain_init.params is None else chain_init.params
         self._check_params(z, prepared.init_params, batched)
+        if self._layout is not None:
+            first = _chain(z, 0) if batched else z
+            key = key_init[0] if batched else key_init
+            self._check_shard_evaluation(first, key, model_args, model_kwargs)
         if chain_init.params is not None:
             self._check_finite_start(z, model_args, model_kwargs, batched)
         if self._batch_sampling == "blocks":
@@ -417,22 +456,37 @@ class SGMCKernel(MCMCKernel):
         def new_state(z, gamma, lam, centre, key, key_batches):
             zero = jnp.zeros((), jnp.result_type(float))
             return SGMCState(
-                i=jnp.array(0),
+                i=jnp.zeros((), jnp.int32),
                 z=z,
                 grad_norm=zero,
                 diverging=jnp.array(False),
-                num_diverging=jnp.array(0),
+                num_diverging=jnp.zeros((), jnp.int32),
                 preconditioner=gamma,
                 noise_preconditioner=lam,
                 centre=centre,
                 average=z if self._tracks_average else None,
-                batch_state=self._batches.init(key_batches),
+                batch_state=self._batch_init(key_batches),
                 rng_key=key,
             )
 
         if batched:
-            return jax.vmap(new_state)(z, gamma, lam, centre, rng_key, key_batches)
-        return new_state(z, gamma, lam, centre, rng_key, key_batches)
+            state = jax.vmap(new_state)(z, gamma, lam, centre, rng_key, key_batches)
+        else:
+            state = new_state(z, gamma, lam, centre, rng_key, key_batches)
+        if self._layout is not None:
+            state = sharding.replicate(state, self._layout)
+        return state
+
+    def _epoch_progress(self) -> Optional[EpochProgress]:
+        """A fresh epoch progress bar for this run, if ``progress_draws`` asks for one."""
+        if self._progress_draws is None:
+            return None
+        rows = sum(p.batch_size for p in self._plates.values())
+        return EpochProgress(
+            self._progress_draws * self._num_steps,
+            iterations_per_epoch=num_data(self._plates) / rows,
+            desc=f"{type(self).__name__} ",
+        )
 
     @staticmethod
     def _check_params(params, prototype, batched, what="init_params"):
@@ -452,15 +506,68 @@ class SGMCKernel(MCMCKernel):
                     f"shape {want}" + (" after the leading chain axis." if batched else ".")
                 )
 
+    def _gradient_estimator(self, estimator, method):
+        """``(init, gradient)`` for ``estimator`` with batches drawn by ``method``.
+
+        ``gradient(z, batch_state, rng_key, model_args, model_kwargs, centre)`` returns
+        ``(ĝ, batch_state)``: on one device the batch sampler's draw and the estimate; on
+        sharded data (``self._layout``) the data-parallel estimate of
+        :func:`~numpyro_sgmc.sharding.data_parallel_gradient` (theory §1, averaged over the
+        shards).
+        """
+        if self._layout is not None:
+            return sharding.data_parallel_gradient(self._layout, self._plates, estimator, method)
+        sampler = batch_sampler(self._plates, method)
+
+        def gradient(z, batch_state, rng_key, model_args, model_kwargs, centre=None):
+            batch, batch_state = sampler.draw(batch_state, rng_key)
+            return estimator(z, batch, model_args, model_kwargs, centre), batch_state
+
+        return sampler.init, gradient
+
+    def _full_gradient(self):
+        """``full(z, model_args, model_kwargs) -> -∇U(z)/n``, exact (summed over shards)."""
+        if self._layout is not None:
+            return sharding.data_parallel_full_gradient(
+                self._layout, self._potential_fn, self._plates, self._chunk_size
+            )
+        return partial(
+            full_data_gradient, self._potential_fn, self._plates, chunk_size=self._chunk_size
+        )
+
+    def _check_shard_evaluation(self, z, rng_key, model_args, model_kwargs):
+        """Trace the data-parallel estimate once, to report a model that fails on a shard."""
+        init, gradient = self._gradient_estimator(
+            minibatch_gradient(self._potential_fn, num_data(self._plates)), self._batch_sampling
+        )
+        data, rebuild = split_args(model_args, model_kwargs)  # arguments, not constants
+
+        def estimate(z, k, data):
+            return gradient(z, init(k), k, *rebuild(data))[0]
+
+        try:
+            jax.eval_shape(estimate, z, rng_key, data)
+        except Exception as err:
+            raise ValueError(
+                f"{type(self).__name__}: evaluating the model on one shard of the sharded data "
+                f"failed ({type(err).__name__}: {err}). Each of the "
+                f"{self._layout.num_shards} devices runs the model on its own "
+                "rows of every sharded argument: the data plate must take its size from the "
+                "data (numpyro.plate('data', X.shape[0], subsample_size=b)) or index the "
+                "data with the plate's indices, and every per-datum array must be sharded."
+            ) from err
+
     def _check_finite_start(self, z, model_args, model_kwargs, batched):
         """A user-given start must have a finite potential and gradient on the first batch."""
         batch = first_batch(self._plates)
         value_and_grad = jax.value_and_grad(self._potential_fn)
 
-        def finite_at(z):
-            return tree_all_finite(value_and_grad(z, batch, model_args, model_kwargs))
+        def finite_at(z, data):
+            args, kwargs = rebuild(data)
+            return tree_all_finite(value_and_grad(z, batch, args, kwargs))
 
-        finite = jax.jit(jax.vmap(finite_at) if batched else finite_at)(z)
+        data, rebuild = split_args(model_args, model_kwargs)  # data as arguments, not constants
+        finite = jax.jit(jax.vmap(finite_at, (0, None)) if batched else finite_at)(z, data)
         if not_jax_tracer(finite) and not np.all(finite):
             bad = np.flatnonzero(~np.atleast_1d(np.asarray(finite)))
             raise ValueError(
@@ -478,19 +585,22 @@ class SGMCKernel(MCMCKernel):
         """
         estimate = minibatch_gradient(self._potential_fn, num_data(self._plates))
 
-        def spread(method, key):
-            draw = batch_sampler(self._plates, method).draw
+        def spread(method, key, data):
+            init, gradient = self._gradient_estimator(estimate, method)
+            args, kwargs = rebuild(data)
 
             def flat_gradient(k):
-                return ravel_pytree(estimate(z, draw((), k)[0], model_args, model_kwargs))[0]
+                grad = gradient(z, init(k), k, args, kwargs)[0]
+                return ravel_pytree(grad)[0]
 
             grads = jax.vmap(flat_gradient)(random.split(key, draws))
             return jnp.sum(jnp.var(grads, axis=0))
 
         key_blocks, key_random = random.split(rng_key)
-        ratio = jax.jit(lambda a, b: spread("blocks", a) / spread("without_replacement", b))(
-            key_blocks, key_random
-        )
+        data, rebuild = split_args(model_args, model_kwargs)  # data as arguments, not constants
+        ratio = jax.jit(
+            lambda a, b, data: spread("blocks", a, data) / spread("without_replacement", b, data)
+        )(key_blocks, key_random, data)
         if not_jax_tracer(ratio) and float(ratio) > 3.0:
             warnings.warn(
                 f"{type(self).__name__}: with batch_sampling='blocks' the gradient noise is "
@@ -521,11 +631,10 @@ class SGMCKernel(MCMCKernel):
 
     def _centre(self, centre_z, rng_key, model_args, model_kwargs, batched):
         """The control-variate centre: ``θ̂`` and ``ḡ(θ̂)`` for every chain, with a sanity check."""
-        full = partial(
-            full_data_gradient, self._potential_fn, self._plates, chunk_size=self._chunk_size
-        )
+        full = self._full_gradient()
         minibatch = minibatch_gradient(self._potential_fn, num_data(self._plates))
-        draw = batch_sampler(self._plates).draw  # with replacement: noise covariance I/b
+        # with replacement: noise covariance I/b
+        init, gradient = self._gradient_estimator(minibatch, "with_replacement")
 
         def centre_and_offset(z, key, args, kwargs):
             g_full = full(z, args, kwargs)
@@ -534,9 +643,7 @@ class SGMCKernel(MCMCKernel):
             noise = jax.vmap(
                 lambda k: (
                     _tree_norm(
-                        jax.tree.map(
-                            jnp.subtract, minibatch(z, draw((), k)[0], args, kwargs), g_full
-                        )
+                        jax.tree.map(jnp.subtract, gradient(z, init(k), k, args, kwargs)[0], g_full)
                     )
                     ** 2
                 )
@@ -575,8 +682,9 @@ class SGMCKernel(MCMCKernel):
 
     def _step(self, state: SGMCState, model_args, model_kwargs) -> SGMCState:
         key, key_batch, key_noise = random.split(state.rng_key, 3)
-        batch, batch_state = self._batches.draw(state.batch_state, key_batch)
-        grad = self._estimator(state.z, batch, model_args, model_kwargs, state.centre)
+        grad, batch_state = self._gradient(
+            state.z, state.batch_state, key_batch, model_args, model_kwargs, state.centre
+        )
         beta = self.inverse_temperature
         if math.isinf(beta):
             proposal = sgd_step(state.z, grad, self._step_size, state.preconditioner)
@@ -628,6 +736,8 @@ class SGMCKernel(MCMCKernel):
             return lax.fori_loop(0, self._num_steps, lambda _, s: step(s), s)
 
         new_state = draw(state) if is_prng_key(state.rng_key) else jax.vmap(draw)(state)
+        if self._progress is not None:
+            self._progress.report(state.i, new_state.i)
         num_diverging = report_new_divergences(
             state.num_diverging,
             new_state.num_diverging,

@@ -250,8 +250,9 @@ class SGHMC(SGMCKernel):
 
     def _step(self, state: SGMCState, model_args, model_kwargs) -> SGMCState:
         key, key_batch, key_noise = random.split(state.rng_key, 3)
-        batch, batch_state = self._batches.draw(state.batch_state, key_batch)
-        grad = self._estimator(state.z, batch, model_args, model_kwargs, state.centre)
+        grad, batch_state = self._gradient(
+            state.z, state.batch_state, key_batch, model_args, model_kwargs, state.centre
+        )
         z, r = sghmc_step(
             key_noise,
             state.z,

@@ -1,0 +1,75 @@
+"""The epoch progress bar: a bounded number of host updates, the right epochs, same draws."""
+
+import jax
+import numpy as np
+import pytest
+from numpyro.infer import MCMC
+
+from numpyro_sgmc import SGLD
+from numpyro_sgmc.progress import EpochProgress
+from problems import linear_regression, make_linear_regression
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return make_linear_regression(n=1000)
+
+
+@pytest.fixture
+def updates(monkeypatch):
+    """Every host update as (iteration, bar position in epochs), in arrival order."""
+    seen = []
+    update = EpochProgress._update
+
+    def record(self, i):
+        update(self, i)
+        seen.append((int(i), None if self._bar is None else self._bar.n))
+
+    monkeypatch.setattr(EpochProgress, "_update", record)
+    return seen
+
+
+def run(kernel, problem, num_chains=1, chain_method="vectorized", seed=0):
+    mcmc = MCMC(
+        kernel,
+        num_warmup=50,
+        num_samples=150,
+        num_chains=num_chains,
+        chain_method=chain_method,
+        progress_bar=False,
+    )
+    mcmc.run(jax.random.key(seed), problem.X, problem.y)
+    return np.asarray(mcmc.get_samples()["theta"])
+
+
+def test_bar_is_updated_about_100_times_in_epochs_and_leaves_the_draws_alone(problem, updates):
+    # 200 draws x 7 iterations = 1400 iterations at b = 10 of n = 1000: 14 epochs
+    kernel = SGLD(linear_regression, 1e-3, batch_size=10, num_steps=7, progress_draws=200)
+    with_bar = run(kernel, problem)
+    iterations = [i for i, _ in updates]
+    # one update per mark crossed (every 14 iterations), not one per draw (200) or step (1400)
+    assert 90 <= len(iterations) <= 101
+    assert iterations == sorted(iterations) and iterations[-1] == 1400
+    assert np.all(np.diff(iterations) <= 14 + 7)
+    # the bar shows passes over the data, i·b/n, and is closed at the end
+    i, epochs = updates[-2]
+    assert epochs == pytest.approx(i * 10 / 1000)
+    assert updates[-1][1] is None
+
+    kernel.progress_draws = None
+    np.testing.assert_array_equal(run(kernel, problem), with_bar)
+
+
+@pytest.mark.parametrize("chain_method", ["vectorized", "sequential"])
+def test_one_bar_per_chain_run(problem, updates, chain_method):
+    kernel = SGLD(linear_regression, 1e-3, batch_size=10, num_steps=5, progress_draws=200)
+    run(kernel, problem, num_chains=2, chain_method=chain_method)
+    finished = [i for i, bar in updates if bar is None]
+    # vectorised chains share one bar; sequential chains get one each
+    assert finished == [1000] * (1 if chain_method == "vectorized" else 2)
+
+
+def test_bad_progress_draws():
+    for bad in (0, -3, 2.5, True, "100"):
+        with pytest.raises(ValueError, match="progress_draws must be None or a positive int"):
+            SGLD(linear_regression, 1e-3, progress_draws=bad)
