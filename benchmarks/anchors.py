@@ -56,13 +56,13 @@ import numpyro
 import numpyro.distributions as dist
 import optax
 from autotune_vs_nuts import TOLERANCE, D, laplace_covariance, make_data, model
+from autotune_vs_nuts import nuts as nuts_run
 from numpyro.diagnostics import effective_sample_size
 from numpyro.infer import HMCECS, MCMC, NUTS, SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoDelta
 from numpyro.optim import optax_to_numpyro
 
 from numpyro_sgmc import autotune, run_kernel
-from numpyro_sgmc.subsample import full_data
 
 HMCECS_SUBSAMPLE, SGLD_BATCH = 1300, 100
 
@@ -94,31 +94,27 @@ def timed(fn):
     return out, time.perf_counter() - t
 
 
+def until_tolerance(run, sizes, reference):
+    """Run ``run(size)`` -> ``(draws, work)`` for growing sizes until the draws' covariance is
+    within TOLERANCE: ``(draws, work, seconds, error, size)`` of that run (or of the last)."""
+    for size in sizes:
+        (draws, work), seconds = timed(lambda s=size: run(s))
+        error = relative_error(draws, reference)
+        if error < TOLERANCE:
+            break
+    return draws, work, seconds, error, size
+
+
 # ---- NUTS ---------------------------------------------------------------------------------
 
 
 def nuts(X, y, reference, sizes, seed):
-    def run(draws):
-        mcmc = MCMC(
-            NUTS(full_data(model)),
-            num_warmup=draws,
-            num_samples=draws,
-            jit_model_args=True,
-            progress_bar=False,
-        )
-        fields = ("num_steps",)
-        mcmc.warmup(jax.random.key(seed), X, y, extra_fields=fields, collect_warmup=True)
-        steps = int(np.sum(mcmc.get_extra_fields()["num_steps"]))
-        mcmc.run(mcmc.post_warmup_state.rng_key, X, y, extra_fields=fields)
-        steps += int(np.sum(mcmc.get_extra_fields()["num_steps"]))
-        return np.asarray(mcmc.get_samples()["theta"]), steps
+    def run(draws):  # autotune_vs_nuts.nuts: (seconds, leapfrog steps, draws)
+        _, steps, samples = nuts_run(X, y, draws, seed)
+        return samples, steps
 
     _, compile_s = timed(lambda: run(1)[0])
-    for draws in sizes:
-        (samples, steps), seconds = timed(lambda d=draws: run(d))
-        error = relative_error(samples, reference)
-        if error < TOLERANCE:
-            break
+    samples, steps, seconds, error, draws = until_tolerance(run, sizes, reference)
     return Row(
         "NUTS (full data)",
         seconds,
@@ -186,11 +182,7 @@ def hmcecs(X, y, reference, sizes, seed, exact_mode=None, svi_steps=5000):
         return np.asarray(mcmc.get_samples()["theta"]), rows
 
     _, compile_s = timed(lambda: run(2)[0])
-    for num_samples in sizes:
-        (samples, rows), seconds = timed(lambda s=num_samples: run(s))
-        error = relative_error(samples, reference)
-        if error < TOLERANCE:
-            break
+    samples, rows, seconds, error, num_samples = until_tolerance(run, sizes, reference)
     epochs = svi_steps * HMCECS_SUBSAMPLE / n + 1.0 + rows / n
     return Row(
         "HMCECS (Taylor proxy at the MAP)",
@@ -327,18 +319,14 @@ def ours(X, y, reference, sizes, seed):
     _, compile_s = timed(
         lambda: run_kernel(kernel, jax.random.key(seed), X, y, num_samples=1).samples
     )
-    for ess in sizes:
-        run, seconds = timed(
-            lambda e=ess: (
-                run_kernel(
-                    kernel, jax.random.key(seed + 1), X, y, num_samples=report.draws_for(e)
-                ).samples
-            )
-        )
-        draws = run["theta"][0]
-        error = relative_error(draws, reference)
-        if error < TOLERANCE:
-            break
+
+    def run(ess):
+        draws = run_kernel(
+            kernel, jax.random.key(seed + 1), X, y, num_samples=report.draws_for(ess)
+        ).samples["theta"][0]
+        return draws, None
+
+    draws, _, seconds, error, ess = until_tolerance(run, sizes, reference)
     return Row(
         f"ours: autotune + {report.algorithm} (row {report.row})",
         tune_s + seconds,
