@@ -74,6 +74,15 @@ def test_too_short_a_run_is_reported_with_numbers(logistic):
     assert not warm.converged[0]
     assert "num_epochs=0.05" in str(record[0].message)
     assert warm.gradient_distance[0] > 10
+    # check=False (what autotune uses): the same run, no check, no warning, and says so
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        unchecked = warm_start(
+            logistic_regression, X, y, num_epochs=0.05, learning_rate=1e-3, check=False
+        )
+    assert unchecked.converged is None and np.isnan(unchecked.gradient_distance[0])
+    np.testing.assert_array_equal(unchecked.params["theta"], warm.params["theta"])
+    assert "convergence not checked" in str(unchecked)
 
 
 def test_any_optax_optimizer_and_given_starting_points(logistic):
