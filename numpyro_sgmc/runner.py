@@ -102,12 +102,12 @@ def run_kernel(
     try:
         keys = rng_key if num_chains == 1 else random.split(rng_key, num_chains)
         init_state = kernel.init(keys, num_warmup, init_params, model_args, model_kwargs)
-        postprocess = kernel.postprocess_fn(model_args, model_kwargs)
         data, rebuild = split_args(model_args, model_kwargs)
 
         @jax.jit
         def loop(state, data):
             args, kwargs = rebuild(data)
+            postprocess = kernel.postprocess_fn(args, kwargs)  # the data as arguments here too
 
             def draw(state, _):
                 return kernel.sample(state, args, kwargs), None
