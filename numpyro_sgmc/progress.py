@@ -5,7 +5,7 @@ NumPyro's own single-chain progress bar returns to Python after every draw, and 
 for large data it must be switched off (``progress_bar=False``). This bar is updated instead
 by an unordered :func:`jax.debug.callback` inside the compiled loop, and only when the
 iteration counter crosses one of ``updates`` evenly spaced marks: a run pays about
-``updates`` host round-trips in all, none per step or per draw, and nothing waits on them.
+``updates`` host round-trips in all, none per step or per draw.
 
 It counts passes over the data, ``epochs = iterations · b / n`` (``b`` the rows drawn per
 iteration over all subsample plates), and shows the rate and the time left (ETA) of a run of
@@ -45,7 +45,7 @@ class EpochProgress:
 
     def __init__(self, total_iterations, iterations_per_epoch, updates=100, desc="SG-MCMC"):
         if not (isinstance(total_iterations, (int, np.integer)) and total_iterations >= 1):
-            raise ValueError(f"total_iterations must be a positive int, got {total_iterations!r}")
+            raise ValueError(f"total_iterations must be a positive int, got {total_iterations!r}.")
         if not (isinstance(updates, (int, np.integer)) and updates >= 1):
             raise ValueError(f"updates must be a positive int, got {updates!r}.")
         self.total_iterations = int(total_iterations)
