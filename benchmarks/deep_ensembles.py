@@ -8,21 +8,24 @@ MLP on scikit-learn's diabetes (regression), for each of ``--seeds`` seeds:
 2. ``K`` SGHMC chains started at the ``K`` modes, chain ``k`` with a mass from its own Adam
    run: **identity** (vanilla SGHMC), **gradient** ``|g|``, **first moment** ``|μ|`` and
    **second moment** ``sqrt(ν)``, layer-wise and min-normalised
-   (:func:`numpyro_sgmc.mass_from_warm_start`); the four variants run as ``4K`` chains of one
+   (:func:`numpyro_sgmc.bde.mass_from_warm_start`); the four variants run as ``4K`` chains of one
    vectorised ``MCMC`` call (they differ only in the per-chain mass);
 3. ``K`` **AdaSGHMC** chains (identity initial mass, adapted during warm-up, then frozen);
 
 each at zero warm-up and at ``--long-warmup`` warm-up steps, followed by ``--samples``
 sampling steps (every ``--thin``-th iterate kept). Test-set metrics of the posterior
-predictive over all ``K`` chains (:func:`numpyro_sgmc.predictive.evaluate`): LPPD per datum,
+predictive over all ``K`` chains (:func:`numpyro_sgmc.bde.evaluate`): LPPD per datum,
 accuracy and expected calibration error (digits), RMSE (diabetes, standardised ``y``).
 Then a step-size sweep (one seed) shows where each method breaks, and the pairwise cosine
 similarity of AdaSGHMC's adapted masses across chains is compared with that of the static
 first-moment masses (per parameter).
 
-Everything is fixed before the run (step sizes, budgets); nothing is tuned to agree with the
-seed. Run: ``python benchmarks/deep_ensembles.py`` (about 40 minutes on 2 cores), or
-``--size small`` for a two-minute look (the test suite runs that).
+Step sizes: every kernel's ``step_size`` is ``h`` on the average-gradient scale; Chen et al.'s
+SGHMC step is ``η = sqrt(h/n)`` (``n`` training rows), so the script fixes ``η`` and passes
+``h = n·η²``, and the tables print ``h``. Everything is fixed before the run (step sizes,
+budgets); nothing is tuned to agree with the seed. Run: ``python benchmarks/deep_ensembles.py``
+(about 40 minutes on 2 cores), or ``--size small`` for a two-minute look (the test suite runs
+that).
 """
 
 from __future__ import annotations
@@ -37,19 +40,17 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.infer import MCMC
 
-from numpyro_sgmc import (
-    SGHMC,
-    AdaSGHMC,
-    ChainInit,
-    ConvergenceWarning,
-    Diagonal,
+from numpyro_sgmc import SGHMC, AdaSGHMC, ChainInit, Diagonal, bde, warm_start
+from numpyro_sgmc.bde import (
+    diabetes,
+    digits,
+    evaluate,
+    lenet,
     mass_from_warm_start,
+    mlp,
     pairwise_cosine_similarity,
-    warm_start,
 )
-from numpyro_sgmc.datasets import diabetes, digits
-from numpyro_sgmc.networks import lenet, mlp
-from numpyro_sgmc.predictive import evaluate
+from numpyro_sgmc.diagnostics import ConvergenceWarning
 
 STATIC = ("identity", "gradient", "first_moment", "second_moment")
 METHODS = ("deep ensemble",) + STATIC + ("AdaSGHMC",)
@@ -62,9 +63,10 @@ LABELS = {
     "AdaSGHMC": "AdaSGHMC",
 }
 
-# Budgets. The step sizes η (on the potential scale) were fixed once from a two-point pilot
-# on seed 0 (η = 3e-3 left the chains at their modes, 1e-2 moved them); the sweep shows the
-# range around them.
+# Budgets. The step sizes η (Chen et al.'s SGHMC step, on the potential scale) were fixed once
+# from a two-point pilot on seed 0 (η = 3e-3 left the chains at their modes, 1e-2 moved them);
+# the sweep shows the range around them (factors of η). The kernels take h = n·η² (n training
+# rows: η = sqrt(h/n)), see step_size().
 SIZES = {
     "full": dict(
         members=4,
@@ -87,7 +89,7 @@ SIZES = {
         sweep=(1.0, 16.0),
     ),
 }
-STEP_SIZE = {"digits": 1e-2, "diabetes": 1e-2}
+ETA = {"digits": 1e-2, "diabetes": 1e-2}  # Chen et al.'s η; the kernels' h = n·η²
 BATCH_SIZE = {"digits": 64, "diabetes": 32}
 LEARNING_RATE = {"digits": 0.01, "diabetes": 0.01}
 
@@ -105,6 +107,11 @@ def problem(name, seed, train_rows):
     return model, (jnp.asarray(X), jnp.asarray(y)), (jnp.asarray(split.X_test), split.y_test)
 
 
+def step_size(eta, data):
+    """The kernels' ``h = n·η²`` for Chen et al.'s step ``η`` (``n`` training rows)."""
+    return data[0].shape[0] * eta**2
+
+
 def fit_ensemble(model, data, name, seed, size):
     with warnings.catch_warnings():
         # a network's modes are not isolated zeros of the gradient; the check's verdict is
@@ -112,8 +119,8 @@ def fit_ensemble(model, data, name, seed, size):
         warnings.simplefilter("ignore", ConvergenceWarning)
         return warm_start(
             model,
+            jax.random.key(seed),
             *data,
-            rng_key=jax.random.key(seed),
             num_restarts=size["members"],
             num_epochs=size["epochs"][name],
             learning_rate=LEARNING_RATE[name],
@@ -154,29 +161,33 @@ def run_chains(kernel, data, init, num_chains, warmup, size, seed):
     return mcmc
 
 
-def sample_all(model, data, test, warm, eta, warmup, size, seed, ada=True, static=True):
-    """Metrics of the SGHMC variants at one step size and warm-up: {method: (metrics, div)}.
+def sample_all(model, data, test, warm, h, warmup, size, seed, ada=True, static=True):
+    """Metrics of the SGHMC variants at one step size ``h`` and warm-up: {method: (metrics, div)}.
 
     The four static masses run as ``4K`` chains of one vectorised call; AdaSGHMC as ``K``.
     """
     K, thin = warm.num_restarts, size["thin"]
     results = {}
     if static:
-        masses = [ones_mass(warm)] + [mass_from_warm_start(warm, s) for s in STATIC[1:]]
-        init = ChainInit(params=stack([warm.params] * len(STATIC)), preconditioner=stack(masses))
-        kernel = SGHMC(model, eta, num_steps=thin)
+        inits = [ChainInit(params=warm.params, preconditioner=ones_mass(warm))]
+        inits += [bde.chain_init(warm, s) for s in STATIC[1:]]
+        init = ChainInit(
+            params=stack([i.params for i in inits]),
+            preconditioner=stack([i.preconditioner for i in inits]),
+        )
+        kernel = SGHMC(model, h, num_steps=thin)
         mcmc = run_chains(kernel, data, init, len(STATIC) * K, warmup, size, seed)
         diverged = np.asarray(mcmc.last_state.num_diverging).reshape(len(STATIC), K).sum(axis=1)
         draws = per_method(mcmc.get_samples(group_by_chain=True), len(STATIC))
         for method, samples, div in zip(STATIC, draws, diverged, strict=True):
             results[method] = (evaluate(model, samples, test[0], y=test[1]), int(div))
     if ada:
-        kernel = AdaSGHMC(model, eta, num_steps=thin)
-        mcmc = run_chains(kernel, data, ChainInit(params=warm.params), K, warmup, size, seed)
+        kernel = AdaSGHMC(model, h, num_steps=thin)
+        mcmc = run_chains(kernel, data, bde.chain_init(warm), K, warmup, size, seed)
         (samples,) = per_method(mcmc.get_samples(group_by_chain=True), 1)
         div = int(np.sum(np.asarray(mcmc.last_state.num_diverging)))
         results["AdaSGHMC"] = (evaluate(model, samples, test[0], y=test[1]), div)
-        results["_ada_mass"] = mcmc.last_state.preconditioner
+        results["_ada_mass"] = mcmc.last_state.params.mass  # Diagonal, flat (K, d)
     return results
 
 
@@ -212,7 +223,8 @@ def main_table(name, size, args):
                 table[(w, "deep ensemble")][k].append(de[k])
             table[(w, "deep ensemble")]["div"].append(0)
             warmup = 0 if w == "zero" else size["long_warmup"]
-            results = sample_all(model, data, test, warm, STEP_SIZE[name], warmup, size, seed)
+            h = step_size(ETA[name], data)
+            results = sample_all(model, data, test, warm, h, warmup, size, seed)
             for method in METHODS[1:]:
                 values, div = results[method]
                 for k in metrics:
@@ -229,8 +241,10 @@ def main_table(name, size, args):
             sweep_model = (model, data, test, warm)
         print(f"  [{name}] seed {seed} done, {time.perf_counter() - t0:.0f} s", flush=True)
 
+    h = step_size(ETA[name], data)
     print(
-        f"\n### {name}: test metrics, η = {STEP_SIZE[name]:g}, K = {size['members']}, "
+        f"\n### {name}: test metrics, h = n·η² = {h:.4g} (n = {data[0].shape[0]}, "
+        f"η = sqrt(h/n) = {ETA[name]:g}, Chen et al.'s step), K = {size['members']}, "
         f"{size['seeds']} seed(s), {size['samples']} sampling steps\n"
     )
     header = "| warm-up | method | " + " | ".join(metrics) + " | divergent steps |"
@@ -255,20 +269,21 @@ def sweep(name, size, sweep_model):
     model, data, test, warm = sweep_model
     print(
         f"\n### {name}: step-size sweep (seed 0), LPPD at zero warm-up (AdaSGHMC: "
-        f"{size['long_warmup']} warm-up steps); 'div' = divergent steps\n"
+        f"{size['long_warmup']} warm-up steps); 'div' = divergent steps; h = n·η² "
+        f"(n = {data[0].shape[0]}; η = sqrt(h/n) is Chen et al.'s step)\n"
     )
-    print("| η | " + " | ".join(LABELS[m] for m in STATIC + ("AdaSGHMC",)) + " |")
+    print("| h | " + " | ".join(LABELS[m] for m in STATIC + ("AdaSGHMC",)) + " |")
     print("|" + "---|" * (len(STATIC) + 2))
-    for factor in size["sweep"]:
-        eta = STEP_SIZE[name] * factor
-        zero = sample_all(model, data, test, warm, eta, 0, size, 0, ada=False)
-        long = sample_all(model, data, test, warm, eta, size["long_warmup"], size, 0, static=False)
+    for factor in size["sweep"]:  # factors of η: h grows as factor²
+        h = step_size(ETA[name] * factor, data)
+        zero = sample_all(model, data, test, warm, h, 0, size, 0, ada=False)
+        long = sample_all(model, data, test, warm, h, size["long_warmup"], size, 0, static=False)
         cells = []
         for m in STATIC + ("AdaSGHMC",):
             values, div = (long if m == "AdaSGHMC" else zero)[m]
             cell = f"{values['lppd']:.3f}" if np.isfinite(values["lppd"]) else "nan"
             cells.append(cell + (f" ({div} div)" if div else ""))
-        print(f"| {eta:.3g} | " + " | ".join(cells) + " |", flush=True)
+        print(f"| {h:.3g} | " + " | ".join(cells) + " |", flush=True)
 
 
 def main():

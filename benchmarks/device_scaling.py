@@ -57,7 +57,7 @@ def worker(args):
     data = shard_data(X, y) if args.sharded else (X, y)
     kernel = SGLD(model, 1e-3, batch_size=args.batch, num_steps=args.steps)
     state = kernel.init(jax.random.key(1), 0, None, data, {})
-    assert (kernel._layout is not None) == args.sharded
+    assert (kernel.shards is not None) == args.sharded
     draw = jax.jit(lambda s, X, y: kernel.sample(s, (X, y), {}))
     state = jax.block_until_ready(draw(state, *data))  # compile
     times = []

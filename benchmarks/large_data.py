@@ -107,9 +107,9 @@ def main():
     t = time.perf_counter()
     kernel, report = autotune(
         model,
+        jax.random.key(args.seed),
         X,
         y,
-        rng_key=jax.random.key(args.seed),
         warm_start_epochs=args.warm_epochs,
         num_rows=10000,
         batch_sampling="blocks",  # the rows are in random order: contiguous reads

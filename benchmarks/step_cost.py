@@ -42,7 +42,8 @@ import numpyro  # noqa: E402
 import numpyro.distributions as dist  # noqa: E402
 from numpyro.infer import MCMC  # noqa: E402
 
-from numpyro_sgmc import SGLD, PerformanceWarning  # noqa: E402
+from numpyro_sgmc import SGLD  # noqa: E402
+from numpyro_sgmc.diagnostics import PerformanceWarning  # noqa: E402
 
 D, B, H = 10, 100, 1e-2
 

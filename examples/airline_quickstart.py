@@ -30,8 +30,7 @@ import numpyro
 import numpyro.distributions as dist
 from numpyro.infer import MCMC, NUTS
 
-from numpyro_sgmc import autotune, check_run
-from numpyro_sgmc.subsample import full_data
+from numpyro_sgmc import autotune, check_run, full_data
 
 NAMES = ["intercept", "weekend", "night", "log distance"]
 
@@ -97,7 +96,7 @@ def main():
     print(f"{n:,} flights, {float(y.mean()):.1%} late by more than 15 minutes\n")
 
     t0 = time.perf_counter()
-    kernel, report = autotune(model, X, y, target="posterior", rng_key=jax.random.key(0))
+    kernel, report = autotune(model, jax.random.key(0), X, y, target="posterior")
     t_tune = time.perf_counter() - t0
     print(report, "\n")
     ess = args.ess
@@ -137,7 +136,7 @@ def main():
             f"{name:>14} {nuts_draws[:, k].mean():10.4f} {nuts_draws[:, k].std():8.4f}"
             f" {sg_draws[:, k].mean():15.4f} {sg_draws[:, k].std():8.4f}"
         )
-    predicted = report.covariance
+    predicted = np.asarray(report.covariance)  # a scale; np.asarray gives the (d, d) matrix
 
     def rel(a, b):
         return np.linalg.norm(a - b) / np.linalg.norm(b)

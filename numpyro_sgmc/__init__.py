@@ -1,87 +1,56 @@
 """numpyro-sgmc: tuned stochastic-gradient MCMC kernels for NumPyro.
 
-The mathematics (one convention for every kernel) is ``shared/design/theory.md``; the
-kernels implement its meta-algorithm (§2)
+The mathematics, one convention for every kernel, is ``docs/theory.md``. The kernels run its
+meta-algorithm (§2)
 
     θ' = θ + (h/2) Γ ĝ(θ) + sqrt(h/β) Λ^{1/2} ξ,   ξ ~ N(0, I_d),
 
-with ``ĝ`` the minibatch or control-variate estimate of the average gradient ``-∇U/n``.
+and SGHMC (§5), with ``ĝ`` the minibatch or control-variate estimate of ``-∇U/n`` and ``h``
+the step size on that average-gradient scale for every kernel. :func:`autotune` chooses the
+tuning for a named target (Table 1, §4) and predicts its covariance and mixing;
+:func:`check_run` compares a run with the prediction.
 """
 
-from numpyro_sgmc import distributed, theory
-from numpyro_sgmc.autotune import TuningReport, autotune, target_weights
+from numpyro_sgmc import bde, calibration, diagnostics, distributed, theory
 from numpyro_sgmc.batches import shuffle_rows
-from numpyro_sgmc.check import RunCheck, check_run
-from numpyro_sgmc.diagnostics import DivergenceWarning
-from numpyro_sgmc.fisher import Information, information, per_datum_hessians
-from numpyro_sgmc.kernels import (
-    SGD,
-    SGHMC,
-    SGLD,
-    SGLDFP,
-    AdaSGHMC,
-    CentreWarning,
-    ChainInit,
-    DataOrderWarning,
-    MassAdaptation,
-    PerformanceWarning,
-    SGMCKernel,
-    SGMCState,
-)
-from numpyro_sgmc.mass_matrices import (
-    layerwise_mass,
-    mass_from_warm_start,
-    pairwise_cosine_similarity,
-    parameterwise_mass,
-)
-from numpyro_sgmc.preconditioners import Dense, Diagonal, Identity, flat_layout, layerwise
-from numpyro_sgmc.progress import EpochProgress
-from numpyro_sgmc.runner import KernelRun, run_kernel
-from numpyro_sgmc.sharding import data_mesh, shard_data
-from numpyro_sgmc.warmstart import ConvergenceWarning, WarmStart, warm_start
+from numpyro_sgmc.cache import enable_compilation_cache
+from numpyro_sgmc.check import check_run
+from numpyro_sgmc.fisher import information
+from numpyro_sgmc.kernels import SGD, SGHMC, SGLD, SGLDFP, AdaSGHMC, ChainInit
+from numpyro_sgmc.runner import completed_samples, load_run, run_kernel
+from numpyro_sgmc.scales import Dense, Diagonal, Identity, layerwise
+from numpyro_sgmc.sharding import shard_data
+from numpyro_sgmc.subsample import full_data
+from numpyro_sgmc.tuning import autotune
+from numpyro_sgmc.warmstart import warm_start
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "AdaSGHMC",
-    "CentreWarning",
     "ChainInit",
-    "ConvergenceWarning",
-    "DataOrderWarning",
     "Dense",
     "Diagonal",
-    "DivergenceWarning",
-    "EpochProgress",
     "Identity",
-    "Information",
-    "KernelRun",
-    "MassAdaptation",
-    "PerformanceWarning",
-    "RunCheck",
     "SGD",
     "SGHMC",
     "SGLD",
     "SGLDFP",
-    "SGMCKernel",
-    "SGMCState",
-    "TuningReport",
-    "WarmStart",
     "autotune",
+    "bde",
+    "calibration",
     "check_run",
-    "data_mesh",
+    "completed_samples",
+    "diagnostics",
     "distributed",
-    "flat_layout",
+    "enable_compilation_cache",
+    "full_data",
     "information",
     "layerwise",
-    "layerwise_mass",
-    "mass_from_warm_start",
-    "pairwise_cosine_similarity",
-    "parameterwise_mass",
-    "per_datum_hessians",
+    "load_run",
     "run_kernel",
     "shard_data",
     "shuffle_rows",
-    "target_weights",
     "theory",
     "warm_start",
 ]

@@ -5,13 +5,13 @@ gives its state, ``draw(state, rng_key)`` a :class:`~numpyro_sgmc.subsample.Batc
 for every subsample plate and the next state.
 
 * ``"with_replacement"`` (default): ``b`` independent uniform indices; the gradient noise
-  has covariance ``I/b`` (``shared/design/theory.md`` §2).
+  has covariance ``I/b`` (``docs/theory.md`` §2).
 * ``"without_replacement"``: ``b`` distinct indices per step; covariance
   ``(1 - (b-1)/(n-1)) I/b``.
 * ``"epochs"``: random reshuffling: each epoch visits every datum at most once, in a fresh
   random order (``⌊n/b⌋`` steps per epoch; the ``n mod b`` data last in that epoch's order
   wait for the next one). Consecutive batches are then dependent, so the i.i.d.-noise
-  predictions of theory §3 are only approximate for it.
+  predictions of ``docs/theory.md`` §3 are only approximate for it.
 * ``"blocks"``: ``b`` consecutive rows from a uniform random start (wrapping around). Every
   row is in a batch with probability ``b/n``, so the estimate is unbiased for any row order,
   and reading contiguous memory is much faster than gathering random rows once the data
@@ -48,6 +48,7 @@ __all__ = [
 ]
 
 BATCH_SAMPLING = ("with_replacement", "without_replacement", "epochs", "blocks")
+"""The ``batch_sampling`` modes every kernel accepts."""
 
 
 class BatchSampler(NamedTuple):
@@ -120,13 +121,14 @@ def shuffle_rows(rng_key, *arrays):
 
 
 def _plate_keys(rng_key, plates):
-    return zip(random.split(rng_key, len(plates)), sorted(plates.items()), strict=True)
+    return zip(random.split(rng_key, len(plates)), plates, strict=True)
 
 
 def batch_sampler(
-    plates: dict, method: str = "with_replacement", shard_axis: Optional[str] = None
+    plates: tuple, method: str = "with_replacement", shard_axis: Optional[str] = None
 ) -> BatchSampler:
-    """The batch sampler ``method`` (one of :data:`BATCH_SAMPLING`) for ``plates``.
+    """The batch sampler ``method`` (one of :data:`BATCH_SAMPLING`) for ``plates`` (a tuple of
+    :class:`~numpyro_sgmc.subsample.SubsamplePlate`, sorted by name).
 
     A plate whose batch size equals its size always gets ``arange(n)``: the full data.
 
@@ -169,7 +171,7 @@ def batch_sampler(
 
         def draw(state, rng_key):
             keys = _plate_keys(shard_key(rng_key), plates)
-            return Batch({name: indices(p, k) for k, (name, p) in keys}), state
+            return Batch({p.name: indices(p, k) for k, p in keys}), state
 
         return BatchSampler(init, draw)
 
@@ -178,7 +180,7 @@ def batch_sampler(
 
     def draw(state, rng_key):
         keys = _plate_keys(shard_key(state.key), plates)
-        batch = {name: indices(p, k, state.step) for k, (name, p) in keys}
+        batch = {p.name: indices(p, k, state.step) for k, p in keys}
         return Batch(batch), state._replace(step=state.step + 1)
 
     return BatchSampler(init, draw)

@@ -1,43 +1,87 @@
-"""Compare a run with the autotuner's prediction (``shared/design/theory.md`` §3).
+"""Check a run against its prediction and against evidence the prediction did not use.
 
-:func:`check_run` takes the ``MCMC`` object after ``run`` and the
-:class:`~numpyro_sgmc.autotune.TuningReport`, maps the draws back to the unconstrained space
-the prediction lives in, and compares
+:func:`check_run` takes the ``MCMC`` object after ``run`` (or a
+:class:`~numpyro_sgmc.runner.KernelRun`) and the :class:`~numpyro_sgmc.report.TuningReport`,
+maps the draws back to the unconstrained space the prediction lives in, and compares three
+estimates of every parameter's standard deviation, each with its own error:
 
-* the covariance: relative Frobenius error ``‖Ĉ - Σ‖_F / ‖Σ‖_F`` and the ratio of the
-  empirical to the predicted standard deviation of every parameter;
-* the integrated autocorrelation time of every parameter: empirical (from NumPyro's
-  effective sample size, ``τ̂ = C·T / ESS`` over ``C`` chains of ``T`` draws) against the
-  prediction for the collected draws (every ``num_steps``-th iterate), also in epochs.
+* the **run**'s, whose Monte Carlo standard error is ``sd·sqrt(τ̂/(2N))`` (``τ̂`` the
+  integrated autocorrelation time from NumPyro's effective sample size, ``N`` the draws);
+* the **prediction**'s, whose error the tuner estimated from the rows it used
+  (``report.prediction_error``, ``docs/theory.md`` §4, "The local picture and its error");
+* an **independent** one: ``J`` and ``I`` recomputed from fresh rows at the run's own mean,
+  turned into the target the same way, with its own jackknife error. A prediction built from
+  unrepresentative rows (heavy-tailed gradients) or at a point the run does not visit (a mode
+  not reached, data of another size) disagrees with it, even when the run matches the
+  prediction.
 
-Both are Monte Carlo estimates: the report gives the standard error of each empirical
-standard deviation, ``sd·sqrt(τ̂/(2·C·T))``, so a ratio can be judged against its noise.
+Two of them disagreeing by more than their errors allow (and a 1% floor for the
+linearisation, whose error is ``O(n^{-1/2})``) is a finding; so is a split R-hat above 1.05, a
+run whose mean is more than a posterior sd from the mode the tuning linearised at, and
+rejected (divergent) steps. Findings are printed with their causes and raised as a
+:class:`~numpyro_sgmc.diagnostics.RunCheckWarning`; ``RunCheck.passed`` is ``False``. The
+integrated autocorrelation times are compared with the prediction's too (per draw and in
+epochs), as information: they decide the cost, not the answer.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import jax
 import numpy as np
-from numpyro.diagnostics import effective_sample_size
+from jax import random
+from numpyro.diagnostics import effective_sample_size, split_gelman_rubin
+from scipy import stats
+
+from numpyro_sgmc.diagnostics import RunCheckWarning, warn
+from numpyro_sgmc.fisher import information_of
+from numpyro_sgmc.laplace import (
+    Problem,
+    correlations,
+    linearity_error,
+    prediction_error,
+    with_correlations,
+)
+from numpyro_sgmc.scales import Dense
+from numpyro_sgmc.theory import target_covariance
 
 __all__ = ["RunCheck", "check_run", "unconstrained_draws"]
 
+# relative error allowed on top of the estimates' own: the linearised predictions hold to
+# O(n^{-1/2}), and a chain's law differs from its linearisation by as much
+_FLOOR = 0.01
+_R_HAT = 1.05
+_MEAN_OFFSET = 1.0  # posterior sds between the run's mean and the tuning's mode
+_FRESH_KEY = 0x5EED  # rows for the independent estimate, unrelated to the tuner's
+_SHOWN = 20  # parameters listed in the table when there are more
+
 
 class RunCheck(NamedTuple):
-    """Empirical against predicted, per unconstrained parameter (order: ``names``).
+    """The run against the prediction and the independent estimate, per unconstrained
+    parameter (order: ``names``); relative errors are one standard error.
 
     :param names: ``site[index]`` label of each parameter.
-    :param covariance: ``(d, d)`` empirical covariance of the draws (unconstrained).
-    :param predicted_covariance: ``(d, d)`` the report's prediction.
-    :param float covariance_error: ``‖Ĉ - Σ‖_F / ‖Σ‖_F``.
-    :param sd_ratio: ``(d,)`` empirical sd / predicted sd.
-    :param sd_ratio_se: ``(d,)`` Monte Carlo standard error of each ratio.
+    :param covariance: the run's covariance, ``(d, d)``; ``(d,)`` variances for a diagonal
+        report.
+    :param predicted_covariance: the report's, in the same form.
+    :param float covariance_error: ``‖Ĉ - Σ‖_F / ‖Σ‖_F`` (of the variances for a diagonal
+        report).
+    :param sd_ratio: ``(d,)`` run sd / predicted sd.
+    :param run_error: ``(d,)`` relative Monte Carlo standard error of the run's sds.
+    :param prediction_error: ``(d,)`` relative standard error of the predicted sds.
+    :param sd_independent: ``(d,)`` the sds the run should have by the independent estimate
+        (``None`` when it was not made).
+    :param independent_error: ``(d,)`` its relative standard error.
+    :param mean_offset: ``(d,)`` (run mean - tuning mode) / run sd.
+    :param r_hat: ``(d,)`` split R-hat over the chains.
     :param autocorrelation: ``(d,)`` empirical integrated autocorrelation time per draw.
     :param predicted_autocorrelation: ``(d,)`` the prediction per draw.
     :param float epochs_per_draw: epochs of gradient work per collected draw.
     :param int num_draws: draws used (all chains).
+    :param int num_diverging: rejected iterations (all chains).
+    :param list findings: what is wrong, each with its numbers and cause; empty if nothing.
+    :param list notes: what limits the check (short runs, a noisy prediction, no data).
     """
 
     names: list
@@ -45,11 +89,30 @@ class RunCheck(NamedTuple):
     predicted_covariance: np.ndarray
     covariance_error: float
     sd_ratio: np.ndarray
-    sd_ratio_se: np.ndarray
+    run_error: np.ndarray
+    prediction_error: np.ndarray
+    sd_independent: Optional[np.ndarray]
+    independent_error: Optional[np.ndarray]
+    mean_offset: np.ndarray
+    r_hat: np.ndarray
     autocorrelation: np.ndarray
     predicted_autocorrelation: np.ndarray
     epochs_per_draw: float
     num_draws: int
+    num_diverging: int
+    findings: list
+    notes: list
+
+    @property
+    def passed(self) -> bool:
+        """No findings: the run, the prediction and the independent estimate agree within
+        their errors, the chains agree with each other, and no step was rejected."""
+        return not self.findings
+
+    @property
+    def sd_ratio_se(self) -> np.ndarray:
+        """``(d,)`` Monte Carlo standard error of :attr:`sd_ratio` (the run's alone)."""
+        return self.sd_ratio * self.run_error
 
     @property
     def autocorrelation_ratio(self) -> np.ndarray:
@@ -57,29 +120,51 @@ class RunCheck(NamedTuple):
         return self.autocorrelation / self.predicted_autocorrelation
 
     def __str__(self) -> str:
+        pred_sd = np.sqrt(_diagonal(self.predicted_covariance))
+        run_sd = np.sqrt(_diagonal(self.covariance))
+        indep = self.sd_independent is not None
         lines = [
-            f"Run vs prediction ({self.num_draws} draws): relative Frobenius error of the "
-            f"covariance {self.covariance_error:.3f}",
-            f"  {'parameter':<16} {'sd pred':>10} {'sd run':>10} {'ratio':>7} {'± se':>6}"
-            f" {'IAT pred':>9} {'IAT run':>9} {'ratio':>6} {'epochs':>8}",
+            f"Run check ({self.num_draws} draws): {'PASSED' if self.passed else 'FAILED'}; "
+            f"relative Frobenius error of the covariance {self.covariance_error:.3f}",
+            f"  {'parameter':<14} {'sd pred':>9} {'± %':>5} {'sd run':>9} {'± %':>5}"
+            + (f" {'sd indep':>9} {'± %':>5}" if indep else "")
+            + f" {'run/pred':>8} {'R-hat':>6} {'IAT pred':>8} {'IAT run':>8} {'epochs':>7}",
         ]
-        pred_sd = np.sqrt(np.diag(self.predicted_covariance))
-        run_sd = np.sqrt(np.diag(self.covariance))
-        for j, name in enumerate(self.names):
-            lines.append(
-                f"  {name:<16} {pred_sd[j]:10.4g} {run_sd[j]:10.4g} {self.sd_ratio[j]:7.3f} "
-                f"{self.sd_ratio_se[j]:6.3f} {self.predicted_autocorrelation[j]:9.3g} "
-                f"{self.autocorrelation[j]:9.3g} {self.autocorrelation_ratio[j]:6.2f} "
-                f"{self.autocorrelation[j] * self.epochs_per_draw:8.3g}"
+        order = np.argsort(-self._worst())[:_SHOWN] if len(self.names) > _SHOWN else None
+        rows = range(len(self.names)) if order is None else sorted(order)
+        for j in rows:
+            line = (
+                f"  {self.names[j]:<14} {pred_sd[j]:9.4g} {100 * self.prediction_error[j]:5.1f}"
+                f" {run_sd[j]:9.4g} {100 * self.run_error[j]:5.1f}"
             )
-        lines.append("  (IAT in draws; 'epochs' = empirical IAT in epochs of gradient work)")
+            if indep:
+                line += f" {self.sd_independent[j]:9.4g} {100 * self.independent_error[j]:5.1f}"
+            line += (
+                f" {self.sd_ratio[j]:8.3f} {self.r_hat[j]:6.3f}"
+                f" {self.predicted_autocorrelation[j]:8.3g} {self.autocorrelation[j]:8.3g}"
+                f" {self.autocorrelation[j] * self.epochs_per_draw:7.3g}"
+            )
+            lines.append(line)
+        if order is not None:
+            lines.append(f"  ({len(self.names) - len(order)} more parameters; the worst shown)")
+        lines.append("  (± %: one standard error; IAT in draws; epochs: empirical IAT in epochs)")
+        lines += [f"  FINDING: {f}" for f in self.findings]
+        lines += [f"  note: {f}" for f in self.notes]
         return "\n".join(lines)
+
+    def _worst(self) -> np.ndarray:
+        z = np.abs(self.sd_ratio - 1) / _combined(self.run_error, self.prediction_error)
+        if self.sd_independent is not None:
+            run_sd = np.sqrt(_diagonal(self.covariance))
+            ratio = run_sd / self.sd_independent
+            z = np.maximum(z, np.abs(ratio - 1) / _combined(self.run_error, self.independent_error))
+        return np.maximum(z, np.abs(self.mean_offset))
 
 
 def unconstrained_draws(samples: dict, report) -> np.ndarray:
     """``(C, T, d)`` unconstrained draws in the report's layout from grouped samples."""
     parts = []
-    for name, *_ in report.layout:
+    for name, *_ in report.layout.sites:
         if name not in samples:
             raise KeyError(
                 f"Site '{name}' is missing from the samples; check_run needs every latent site "
@@ -91,51 +176,257 @@ def unconstrained_draws(samples: dict, report) -> np.ndarray:
     return np.concatenate(parts, axis=-1).astype(np.float64)
 
 
-def _names(layout) -> list:
-    names = []
-    for name, start, stop, shape in layout:
-        if stop - start == 1 and len(shape) == 0:
-            names.append(name)
-        else:
-            names.extend(f"{name}[{j}]" for j in range(stop - start))
-    return names
-
-
-def check_run(mcmc, report, *, print_table: bool = True) -> RunCheck:
-    """Compare the draws of ``mcmc`` (after ``run``) with ``report``'s predictions.
+def check_run(
+    mcmc,
+    report,
+    *,
+    independent: bool = True,
+    model_args: Optional[tuple] = None,
+    model_kwargs: Optional[dict] = None,
+    rng_key=None,
+    print_table: bool = True,
+) -> RunCheck:
+    """Check the draws of ``mcmc`` (after ``run``) against ``report``'s prediction and an
+    independent estimate (module docstring).
 
     :param mcmc: a ``numpyro.infer.MCMC`` that ran the kernel :func:`autotune` returned, or
         the :class:`~numpyro_sgmc.runner.KernelRun` of :func:`~numpyro_sgmc.run_kernel`.
-    :param report: its :class:`~numpyro_sgmc.autotune.TuningReport`.
-    :param print_table: print the comparison table.
+    :param report: its :class:`~numpyro_sgmc.report.TuningReport`.
+    :param bool independent: recompute ``J`` and ``I`` from fresh rows at the run's mean (as
+        many rows as the tuner used: about the cost of the tuner's information step).
+    :param model_args: the data the run used; default the ones ``mcmc`` ran on.
+    :param model_kwargs: the keyword arguments it used; default likewise.
+    :param rng_key: PRNG key for the fresh rows (default a fixed key unrelated to the
+        tuner's rows).
+    :param print_table: print the table and the findings.
+    :return: a :class:`RunCheck`; findings also raise a
+        :class:`~numpyro_sgmc.diagnostics.RunCheckWarning`.
     """
     draws = unconstrained_draws(mcmc.get_samples(group_by_chain=True), report)
     thinning = int(getattr(mcmc, "thinning", 1))  # a kept draw is every thinning-th draw
     num_chains, num_draws, d = draws.shape
     if num_draws < 20:
         raise ValueError(f"check_run needs at least 20 draws per chain, got {num_draws}.")
+    total = num_chains * num_draws
     flat = draws.reshape(-1, d)
-    covariance = np.atleast_2d(np.cov(flat, rowvar=False))
-    predicted = np.asarray(report.covariance, np.float64)
+    dense = isinstance(report.covariance, Dense)
+    if dense:
+        covariance = np.atleast_2d(np.cov(flat, rowvar=False))
+        predicted = np.asarray(report.covariance.as_matrix(), np.float64)
+    else:  # a diagonal report: d may be 10⁴, so variances only
+        covariance = flat.var(axis=0, ddof=1)
+        predicted = np.asarray(report.covariance.diagonal(), np.float64)
     error = float(np.linalg.norm(covariance - predicted) / np.linalg.norm(predicted))
+    run_sd = np.sqrt(_diagonal(covariance))
+    pred_sd = np.sqrt(_diagonal(predicted))
     ess = np.asarray(effective_sample_size(draws), np.float64)
-    tau = num_chains * num_draws / ess
-    ratio = np.sqrt(np.diag(covariance) / np.diag(predicted))
+    tau = total / ess
+    run_error = np.sqrt(tau / (2.0 * total))
+    pred_error = (
+        np.zeros(d) if report.prediction_error is None else np.asarray(report.prediction_error)
+    )
+    mean = flat.mean(axis=0)
+    offset = (mean - np.asarray(report.layout.ravel(report.mode), np.float64)) / run_sd
+    r_hat = np.asarray(split_gelman_rubin(draws), np.float64)
+    num_diverging = _diverging(mcmc)
+    names = report.layout.names()
+    critical = float(stats.norm.isf(0.005 / d))  # two-sided, 1% over all d parameters
+
+    findings, notes = [], []
+    ratio = run_sd / pred_sd
+    findings += _disagreement(
+        names, ratio, run_error, pred_error, critical, "the run", "the prediction",
+        "The run does not sample the law the tuner predicted: a chain that is not stationary "
+        "yet (more warmup), a step the linearisation does not describe (the posterior is far "
+        "from Gaussian here), or a kernel changed after tuning.",
+    )  # fmt: skip
+    kernel, args, kwargs = _run_inputs(mcmc, model_args, model_kwargs)
+    indep_sd = indep_error = None
+    if kernel is not None and kernel.num_data is not None and kernel.num_data != report.num_data:
+        findings.append(
+            f"The run used n = {kernel.num_data} rows, the tuning n = {report.num_data}: the "
+            "step, temperature and preconditioner are those of the tuning data (the posterior "
+            "narrows as 1/n). Run autotune on the data you sample."
+        )
+    elif independent and (args is None or kernel is None or kernel.prepared is None):
+        notes.append(
+            "no independent estimate: the run's data are not known here (pass model_args= and "
+            "model_kwargs=)."
+        )
+    elif independent:
+        fresh = _independent(kernel.prepared, report, mean, args, kwargs, rng_key)
+        if isinstance(fresh, str):
+            findings.append(fresh)
+        else:
+            target_sd, indep_error = fresh
+            # the chain's known gap to its own target (the discretisation, for rows without
+            # exact noise) carries over to the independent target
+            report_target = np.sqrt(np.asarray(report.target_covariance.diagonal(), np.float64))
+            indep_sd = target_sd * pred_sd / report_target
+            findings += _disagreement(
+                names, pred_sd / indep_sd, pred_error, indep_error, critical, "the prediction",
+                "the information from fresh rows at the run's mean",
+                "The prediction is built from J and I that do not represent the data: its "
+                "rows missed heavy-tailed per-datum gradients, or its mode is not where the "
+                "posterior is. A run that matches the prediction samples the wrong law. "
+                "Re-tune with a smaller tolerance, or num_rows=None (all rows).",
+            )  # fmt: skip
+            if not findings:
+                findings += _disagreement(
+                    names, run_sd / indep_sd, run_error, indep_error, critical, "the run",
+                    "the information from fresh rows at the run's mean",
+                    "The run's law is not the target computed where the run is: the posterior "
+                    "is far from Gaussian, so the Laplace picture at one point describes "
+                    "neither.",
+                )  # fmt: skip
+    far = np.abs(offset) - critical * np.sqrt(tau / total) > _MEAN_OFFSET
+    if far.any():
+        j = int(np.argmax(np.abs(offset)))
+        findings.append(
+            f"The run's mean is {abs(offset[j]):.3g} posterior sds from the mode the tuning "
+            f"linearised at ({names[j]}; {int(far.sum())} parameters over {_MEAN_OFFSET:g} sd): "
+            "the warm start did not reach the mode, the posterior is strongly skewed, or the "
+            "chain drifts (no finite mode). The predictions do not hold there."
+        )
+    if num_chains * num_draws >= 4 and np.nanmax(r_hat) > _R_HAT:
+        j = int(np.nanargmax(r_hat))
+        findings.append(
+            f"Split R-hat up to {r_hat[j]:.3f} ({names[j]}; {int(np.sum(r_hat > _R_HAT))} "
+            f"parameters over {_R_HAT}): the chains, started from draws of the predicted law, "
+            "disagree with each other or drift. Run longer, or look for several modes."
+        )
+    if num_diverging:
+        findings.append(
+            f"{num_diverging} iterations were rejected as divergent (non-finite gradient or "
+            "position): the draws near them are not from the target. Lower the step size."
+        )
+    _limits(notes, report, names, run_error, pred_error, ess)
     result = RunCheck(
-        names=_names(report.layout),
+        names=names,
         covariance=covariance,
         predicted_covariance=predicted,
         covariance_error=error,
         sd_ratio=ratio,
-        sd_ratio_se=ratio * np.sqrt(tau / (2.0 * num_chains * num_draws)),
+        run_error=run_error,
+        prediction_error=pred_error,
+        sd_independent=indep_sd,
+        independent_error=indep_error,
+        mean_offset=offset,
+        r_hat=r_hat,
         autocorrelation=tau,
         predicted_autocorrelation=report.autocorrelation_per_draw(thinning),
         epochs_per_draw=report.num_steps
         * thinning
         * report.gradient_evaluations_per_iteration
         / report.num_data,
-        num_draws=num_chains * num_draws,
+        num_draws=total,
+        num_diverging=num_diverging,
+        findings=findings,
+        notes=notes,
     )
     if print_table:
         print(result)
+    if findings:
+        warn("check_run: " + " | ".join(findings), RunCheckWarning)
     return result
+
+
+def _diagonal(c):
+    return np.diag(c) if np.ndim(c) == 2 else np.asarray(c)
+
+
+def _combined(*errors):
+    return np.sqrt(sum(np.asarray(e) ** 2 for e in errors) + _FLOOR**2)
+
+
+def _disagreement(names, ratio, error_a, error_b, critical, a, b, cause) -> list:
+    """A finding if ``ratio = sd_a/sd_b`` is further from 1 than the errors allow."""
+    z = (ratio - 1) / _combined(error_a, error_b)
+    bad = np.abs(z) > critical
+    if not bad.any():
+        return []
+    j = int(np.argmax(np.abs(z)))
+    larger = a if error_a[j] >= error_b[j] else b
+    return [
+        f"{a.capitalize()} and {b} disagree on {int(bad.sum())} of {len(names)} sds (worst "
+        f"{names[j]}: ratio {ratio[j]:.3f}, errors ±{100 * error_a[j]:.2g}% ({a}) and "
+        f"±{100 * error_b[j]:.2g}% ({b}), the larger {larger}'s; |z| = {abs(z[j]):.1f} > "
+        f"{critical:.1f}). {cause}"
+    ]
+
+
+def _limits(notes, report, names, run_error, pred_error, ess):
+    """What keeps the check from being sharper, and the fix."""
+    if np.max(run_error) > 0.05:
+        notes.append(
+            f"the run's Monte Carlo error (up to ±{100 * np.max(run_error):.2g}% on an sd, min "
+            f"ESS {np.min(ess):.0f}) is the larger one: the check cannot see errors below "
+            "about 3x that; report.draws_for(1000) draws per chain bring it to ±2.2% or less."
+        )
+    if np.max(pred_error) > 0.05:
+        nonlinear = linearity_error(report.nonlinearity, report.target_covariance)
+        j = int(np.argmax(pred_error))
+        if nonlinear[j] >= 0.5 * pred_error[j]:
+            notes.append(
+                f"the prediction's own error is large (up to ±{100 * pred_error[j]:.2g}%, "
+                f"{names[j]}) because the posterior is not Gaussian there: the prediction is a "
+                "Laplace approximation, and the run, which samples the posterior itself (to its "
+                "step's discretisation error), is the better estimate of those sds."
+            )
+        else:
+            notes.append(
+                f"the prediction's own error is large (up to ±{100 * pred_error[j]:.2g}%, "
+                f"{names[j]}): re-tune with more information rows (a smaller tolerance, or "
+                "num_rows=None)."
+            )
+
+
+def _diverging(mcmc) -> int:
+    count = getattr(mcmc, "num_diverging", None)
+    if count is None:
+        state = getattr(mcmc, "last_state", None)
+        count = getattr(state, "num_diverging", 0)
+    return int(np.sum(np.asarray(count)))
+
+
+def _run_inputs(mcmc, model_args, model_kwargs):
+    """The kernel and the data the run used (``MCMC`` keeps them after ``run``)."""
+    kernel = getattr(mcmc, "sampler", None)
+    args = getattr(mcmc, "model_args", None)
+    kwargs = getattr(mcmc, "model_kwargs", None)
+    if args is None:  # numpyro.infer.MCMC: run() stores its arguments
+        args, kwargs = getattr(mcmc, "_args", None), getattr(mcmc, "_kwargs", None)
+    args = args if model_args is None else tuple(model_args)
+    kwargs = (kwargs or {}) if model_kwargs is None else dict(model_kwargs)
+    if not hasattr(kernel, "prepared"):
+        kernel = None
+    return kernel, args, kwargs
+
+
+def _independent(prepared, report, mean, args, kwargs, rng_key):
+    """``(target sd, its relative error)`` from fresh rows at the run's mean, or a finding."""
+    info0 = report.information
+    rows = info0.num_rows if info0.num_rows < report.num_data else None
+    key = random.key(_FRESH_KEY) if rng_key is None else rng_key
+    dtype = np.asarray(report.layout.ravel(report.mode)).dtype
+    params = report.layout.unravel(np.asarray(mean, dtype))
+    try:
+        info = information_of(
+            prepared, key, args, kwargs, params, num_rows=rows, kind=info0.kind,
+            regularize="auto", num_probes=max(info0.num_probes, 1),
+        )  # fmt: skip
+    except ValueError as err:
+        return (
+            "The information at the run's mean cannot be computed, so the run is not where a "
+            f"Laplace picture holds: {err}"
+        )
+    target = target_covariance(info.potential_curvature, info.I, report.weights, info.data_free)
+    sd = np.sqrt(np.asarray(target.diagonal(), np.float64) / report.num_data)
+    # a Laplace picture at another point shares the nonlinearity the tuner measured
+    nonlinear = linearity_error(report.nonlinearity, report.target_covariance)
+    error = np.sqrt(prediction_error(info, report.weights) ** 2 + nonlinear**2)
+    if info.kind == "diagonal":  # what a diagonal J leaves out, from fresh rows and probes
+        problem = Problem(prepared, args, kwargs, None, key)
+        linked = correlations(problem, params, info)
+        sd, error = sd * np.sqrt(linked.inflation), with_correlations(error, linked, report.weights)
+    return sd, error

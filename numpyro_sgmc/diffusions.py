@@ -1,132 +1,161 @@
-"""One step of the meta-algorithm (``shared/design/theory.md`` §2) and of SGHMC (§5), on pytrees.
+"""One step of each integrator, on the flattened parameters (``docs/theory.md`` §2, §5).
 
-.. math::
+An integrator is an ``(init, step)`` pair (:class:`Integrator`) with one signature for every
+kernel: ``init(rng_key, position, params) -> momentum`` and
+``step(rng_key, position, momentum, gradient, params) -> (position, momentum)``, where
+``position`` and ``gradient`` are flat ``(d,)`` vectors (:class:`~numpyro_sgmc.model.Layout`
+order), ``gradient`` the estimate ``ĝ`` of the average gradient ``-∇U/n``
+(:mod:`numpyro_sgmc.gradients`), and ``params`` the per-chain values, which live in the chain
+state (step size, preconditioners, mass, friction) so that every chain can have its own.
 
-    \\theta' = \\theta + \\tfrac{h}{2}\\,\\Gamma\\,\\hat g(\\theta)
-              + \\sqrt{h/\\beta}\\;\\Lambda^{1/2}\\xi, \\qquad \\xi \\sim N(0, I_d)
+**One step-size convention.** Every kernel's ``step_size`` is ``h`` on the average-gradient
+scale: the dimensionless stability number of every kernel is ``h·λmax(PJ)``, ``P`` its
+preconditioner (``Γ``) or inverse mass (``M⁻¹``) and ``J`` the curvature per datum, and Table 1
+writes its tunings as ``h = c_h/n``. The learning rate on the scale of the full potential
+``U`` (SGLD's ``ε`` in ``θ - (ε/2)∇Ũ``, SGHMC's ``η_lr`` in the momentum form of Chen, Fox &
+Guestrin 2014) is ``h/n``; Chen et al.'s SGHMC step ``ε`` is ``η = sqrt(h/n)``.
 
-``h`` is the step size on the average-gradient scale, ``ĝ`` an estimate of ``-∇U/n``
-(:mod:`numpyro_sgmc.gradients`), ``β`` the inverse temperature and ``Γ``, ``Λ`` the drift and
-noise preconditioners (:mod:`numpyro_sgmc.preconditioners`). ``β = n`` and ``Γ = Λ`` is
-preconditioned SGLD for the posterior, the familiar
-``θ' = θ - (ε/2) Γ ∇Ũ(θ) + sqrt(ε) Γ^{1/2} ξ`` with ``ε = h/n`` (Welling & Teh 2011);
-``β = ∞`` is SGD.
+* :func:`langevin` (SGLD, SGLD-FP, SGD): the meta-algorithm
 
-:func:`sghmc_step` is the second-order update of §5 (Chen, Fox & Guestrin 2014), with a momentum
-``r`` carried from step to step.
+  .. math::
+
+      \\theta' = \\theta + \\tfrac{h}{2}\\,\\Gamma\\,\\hat g(\\theta)
+                + \\sqrt{h/\\beta}\\;\\Lambda^{1/2}\\xi, \\qquad \\xi \\sim N(0, I_d),
+
+  ``β = ∞`` is SGD (no noise). Its momentum is ``()``.
+* :func:`sghmc`: stochastic gradient Hamiltonian Monte Carlo (Chen, Fox & Guestrin 2014) with
+  ``η = sqrt(h/n)`` and ``∇Ũ = -n ĝ``,
+
+  .. math::
+
+      r' = r - \\eta\\nabla\\tilde U(\\theta) - \\eta\\, C M^{-1} r
+           + \\sqrt{2\\eta T}\\,(C - \\hat B)^{1/2}\\xi, \\qquad
+      \\theta' = \\theta + \\eta\\, M^{-1} r'.
+
+  From rest the position moves by ``h M⁻¹ ĝ`` (SGLD's drift is ``(h/2)Γĝ``), and with the
+  default friction ``C = (α/η) M`` (:func:`default_friction`: every momentum decays by ``α``
+  per step) it is stable iff ``h·λmax(M⁻¹J) < 2(2 - α)``.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import math
+from typing import Any, Callable, NamedTuple
 
-import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import random
-from jax.flatten_util import ravel_pytree
 
-from numpyro_sgmc import preconditioners
+from numpyro_sgmc.scales import Dense, Diagonal, Identity
 
-__all__ = ["langevin_step", "sgd_step", "sghmc_step"]
-
-
-def sgd_step(position: dict, avg_grad: dict, step_size: float, preconditioner) -> dict:
-    """``θ' = θ + (h/2) Γ ĝ(θ)``: the meta-algorithm at ``β = ∞``."""
-    drift = preconditioners.apply(preconditioner, avg_grad)
-    return jax.tree.map(lambda x, g: x + 0.5 * step_size * g, position, drift)
-
-
-def langevin_step(
-    rng_key,
-    position: dict,
-    avg_grad: dict,
-    step_size: float,
-    inverse_temperature,
-    preconditioner,
-    noise_preconditioner,
-) -> dict:
-    """``θ' = θ + (h/2) Γ ĝ(θ) + sqrt(h/β) Λ^{1/2} ξ``."""
-    flat, unravel = ravel_pytree(position)
-    xi = unravel(random.normal(rng_key, flat.shape, flat.dtype))
-    noise = preconditioners.apply_sqrt(noise_preconditioner, xi)
-    scale = (step_size / inverse_temperature) ** 0.5
-    moved = sgd_step(position, avg_grad, step_size, preconditioner)
-    return jax.tree.map(lambda x, e: x + scale * e, moved, noise)
+__all__ = [
+    "Integrator",
+    "LangevinParams",
+    "SGHMCParams",
+    "default_friction",
+    "langevin",
+    "sghmc",
+    "sghmc_params",
+]
 
 
-def sghmc_step(
-    rng_key,
-    position: dict,
-    momentum: dict,
-    avg_grad: dict,
-    step_size: float,
-    num_data: int,
-    temperature,
-    mass,
-    friction: Optional[dict] = None,
-    momentum_decay: float = 0.1,
-    gradient_noise: Optional[dict] = None,
-) -> tuple[dict, dict]:
-    """One SGHMC step (``shared/design/theory.md`` §5):
+class Integrator(NamedTuple):
+    """``init(rng_key, position, params) -> momentum``;
+    ``step(rng_key, position, momentum, gradient, params) -> (position, momentum)``."""
 
-    .. math::
+    init: Callable
+    step: Callable
 
-        r' = r - \\eta\\,\\nabla\\tilde U(\\theta) - \\eta\\, C M^{-1} r
-             + \\sqrt{2\\eta T}\\,(C - \\hat B)^{1/2}\\xi, \\qquad
-        \\theta' = \\theta + \\eta\\, M^{-1} r',
 
-    with ``∇Ũ(θ) = -n ĝ(θ)`` from the average-gradient estimate ``ĝ`` and ``T`` the temperature
-    (1 for the posterior).
+class LangevinParams(NamedTuple):
+    """Per-chain values of :func:`langevin`.
 
-    :param position: ``θ``.
-    :param momentum: ``r``.
-    :param avg_grad: ``ĝ(θ)``, an estimate of ``-∇U/n`` (:mod:`numpyro_sgmc.gradients`).
-    :param step_size: ``η``, on the scale of the full potential ``U``.
-    :param num_data: ``n``.
-    :param temperature: ``T``; ``0`` removes the noise (SGD with heavy-ball momentum).
-    :param mass: ``M``: a prepared :class:`~numpyro_sgmc.Identity`,
-        :class:`~numpyro_sgmc.Diagonal` or :class:`~numpyro_sgmc.Dense`.
-    :param friction: diagonal ``C`` (site -> positive scalar or array); ``None`` for
-        ``C = (α/η) M``, which makes ``η C M⁻¹ = α I``: every coordinate's momentum decays by
-        the same factor ``1 - α`` per step.
-    :param momentum_decay: ``α`` (used when ``friction`` is ``None``).
-    :param gradient_noise: diagonal ``B̂`` (site -> non-negative scalar or array) or ``None``
-        for 0. Needs a diagonal ``M`` when ``friction`` is ``None``. Where ``C - B̂`` is
-        negative the injected noise is zero (the kernel checks it at ``init``).
-    :return: ``(θ', r')``.
+    :param step_size: ``h``.
+    :param preconditioner: ``Γ``, a prepared scale (:func:`numpyro_sgmc.scales.prepare`).
+    :param noise_preconditioner: ``Λ``, a prepared scale.
     """
-    flat, unravel = ravel_pytree(position)
-    xi = unravel(random.normal(rng_key, flat.shape, flat.dtype))
-    if friction is None:
-        damping = jax.tree.map(lambda r: momentum_decay * r, momentum)
-        if gradient_noise is None:
-            # 2ηT(C - 0) = 2Tα M
-            scale = (2.0 * temperature * momentum_decay) ** 0.5
-            noise = jax.tree.map(lambda e: scale * e, preconditioners.apply_sqrt(mass, xi))
-        else:
-            m = preconditioners.diagonal(mass, position)
-            noise = {
-                k: jnp.sqrt(
-                    jnp.maximum(
-                        2.0 * temperature * (momentum_decay * m[k] - step_size * gradient_noise[k]),
-                        0.0,
-                    )
-                )
-                * xi[k]
-                for k in xi
-            }
-    else:
-        velocity = preconditioners.apply_inverse(mass, momentum)
-        damping = {k: step_size * friction[k] * velocity[k] for k in velocity}
-        b = gradient_noise if gradient_noise is not None else dict.fromkeys(xi, 0.0)
-        noise = {
-            k: jnp.sqrt(jnp.maximum(2.0 * step_size * temperature * (friction[k] - b[k]), 0.0))
-            * xi[k]
-            for k in xi
-        }
-    new_momentum = jax.tree.map(
-        lambda r, g, c, e: r + step_size * num_data * g - c + e, momentum, avg_grad, damping, noise
-    )
-    velocity = preconditioners.apply_inverse(mass, new_momentum)
-    new_position = jax.tree.map(lambda x, v: x + step_size * v, position, velocity)
-    return new_position, new_momentum
+
+    step_size: Any
+    preconditioner: Any
+    noise_preconditioner: Any
+
+
+def langevin(inverse_temperature: float) -> Integrator:
+    """``θ' = θ + (h/2)Γĝ + sqrt(h/β)Λ^{1/2}ξ`` (module docstring); ``β = ∞``: no noise."""
+    beta = float(inverse_temperature)
+
+    def init(rng_key, position, params):
+        return ()
+
+    def step(rng_key, position, momentum, gradient, params):
+        h = params.step_size
+        moved = position + 0.5 * h * params.preconditioner.apply(gradient)
+        if math.isinf(beta):
+            return moved, momentum
+        xi = random.normal(rng_key, position.shape, position.dtype)
+        return moved + jnp.sqrt(h / beta) * params.noise_preconditioner.apply_sqrt(xi), momentum
+
+    return Integrator(init, step)
+
+
+class SGHMCParams(NamedTuple):
+    """Per-chain values of :func:`sghmc` (build them with :func:`sghmc_params`).
+
+    :param step_size: ``h`` (``η = sqrt(h/n)``).
+    :param mass: ``M``, a prepared scale.
+    :param friction: ``C``, a prepared scale.
+    :param gradient_noise: ``B̂``, a prepared scale, or ``None`` for 0.
+    :param diffusion: ``2ηT(C - B̂)``, a prepared scale (its square root scales the noise).
+    """
+
+    step_size: Any
+    mass: Any
+    friction: Any
+    gradient_noise: Any
+    diffusion: Any
+
+
+def default_friction(momentum_decay: float, step_size, num_data: int, mass, d: int):
+    """``C = (α/η) M`` with ``η = sqrt(h/n)``: ``η C M⁻¹ = α I``, so every coordinate's
+    momentum decays by the same factor ``1 - α`` per step (Springenberg et al. 2016's
+    choice). NumPy when ``step_size`` is a Python number (the predictions), JAX otherwise."""
+    factor = momentum_decay / (step_size / num_data) ** 0.5
+    if isinstance(mass, Identity):
+        ones = np.ones(d) if isinstance(factor, float) else jnp.ones(d)
+        return Diagonal(ones * factor)
+    return mass * factor
+
+
+def sghmc_params(step_size, num_data, temperature, mass, friction, gradient_noise, d):
+    """:class:`SGHMCParams` from ``h``, ``n``, ``T`` and prepared ``M``, ``C``, ``B̂``
+    (``gradient_noise`` ``None`` for 0): the diffusion ``2ηT(C - B̂)`` is formed once."""
+    eta = jnp.sqrt(step_size / num_data)
+    excess = friction if gradient_noise is None else friction - gradient_noise
+    diffusion = (2.0 * temperature) * eta * excess
+    if isinstance(diffusion, Diagonal):
+        diffusion = Diagonal(jnp.maximum(diffusion.values, 0.0))
+    else:  # factor once here, not at every step
+        diffusion = Dense(diffusion.matrix, jnp.linalg.cholesky(diffusion.matrix))
+    return SGHMCParams(step_size, mass, friction, gradient_noise, diffusion)
+
+
+def sghmc(num_data: int, temperature: float) -> Integrator:
+    """SGHMC with the momentum carried in the state (module docstring); ``temperature``
+    ``T = n/β`` (1 for the posterior, 0 for heavy-ball SGD)."""
+    n, T = int(num_data), float(temperature)
+
+    def init(rng_key, position, params):
+        """``r ~ N(0, T M)``."""
+        xi = random.normal(rng_key, position.shape, position.dtype)
+        return math.sqrt(T) * params.mass.apply_sqrt(xi)
+
+    def step(rng_key, position, momentum, gradient, params):
+        eta = jnp.sqrt(params.step_size / n)
+        damping = eta * params.friction.apply(params.mass.solve(momentum))
+        momentum = momentum + eta * n * gradient - damping
+        if T > 0:
+            xi = random.normal(rng_key, position.shape, position.dtype)
+            momentum = momentum + params.diffusion.apply_sqrt(xi)
+        return position + eta * params.mass.solve(momentum), momentum
+
+    return Integrator(init, step)

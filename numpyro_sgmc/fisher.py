@@ -1,8 +1,7 @@
-"""Information matrices at a mode: ``J``, ``I`` and the sandwich ``S``, from the model's own plates.
+"""Information matrices at a mode: ``J``, ``I`` and the sandwich ``S``, with their own error.
 
-Notation of ``shared/design/theory.md`` §1 (``U(θ) = -log p0(θ) - Σ_i l(θ; X_i)``): at the mode
-``θ̂`` (unconstrained coordinates ``z``, flattened in :func:`~numpyro_sgmc.preconditioners.
-flat_layout` order)
+Notation of ``docs/theory.md`` §1 (``U(θ) = -log p0(θ) - Σ_i l(θ; X_i)``): at the mode ``θ̂``
+(unconstrained coordinates, flattened in :class:`~numpyro_sgmc.model.Layout` order)
 
 .. math::
 
@@ -11,26 +10,16 @@ flat_layout` order)
     S = J^{-1} I J^{-1},
 
 and ``J_prior = ∇²(-log p0)(θ̂)/n`` collects every term outside the subsample plates (prior,
-log-det-Jacobians of the constraining transforms, global observations), so that
-``∇²U(θ̂)/n = J + J_prior`` is the curvature the predictor of §3 uses (``A = (h/2) Γ J`` with
-this ``J``; ``D ∝ Γ I Γ / b``; ``n Cov → S`` for row F of §4).
+log-det-Jacobians, global observations), so that ``∇²U(θ̂)/n = J + J_prior`` is the curvature
+the predictions use. The per-datum terms come from the model's own plates by weighting the data
+(:mod:`numpyro_sgmc.rowsums`), so nothing here writes a likelihood by hand.
 
-How the per-datum terms are isolated. With a :class:`~numpyro_sgmc.subsample.Batch` carrying
-per-index weights ``w`` and a ``global_weight`` ``g`` the potential is
-
-.. math::
-
-    U(z; w, g) = -\\textstyle\\sum_i w_i\\, l(z; X_i) + g\\,(\\text{global terms})
-                 \\;[+\\ \\text{terms NumPyro does not scale}],
-
-linear in ``w``. So for a chunk of rows ``Σ_i w_i (-∇²l_i) = ∇²[U(w, g=0) - U(w=0, g=0)]``
-and ``∇l_i = -[∇U(w=e_i, g=0) - ∇U(w=0, g=0)]``: every global term (prior, Jacobians) cancels
-exactly, whether or not NumPyro scales it, and nothing here writes a likelihood by hand.
-``J_prior = ∇²U(w=0, g=1)/n``.
-
-Full data is processed in chunks of at most ``chunk_size`` rows per plate (``lax.scan``, the last
-chunk padded with weight-0 rows), so memory is ``O(chunk_size · d²)`` (dense) or
-``O(chunk_size · d)`` (diagonal) whatever ``n``.
+**The estimate's own error.** From ``m < n`` rows, ``J`` and ``I`` are estimates. The rows are
+visited in ``G = 8`` groups, and :meth:`Information.jackknife` gives the standard error of any
+function of ``(J, I)`` (a predicted covariance, its standard deviations) from the
+leave-one-group-out estimates, times the finite-population factor ``sqrt(1 - m/n)``: zero
+when every row is used. A diagonal ``J`` is a Hutchinson estimate; its probes' own error is
+``Information.probe_error``.
 """
 
 from __future__ import annotations
@@ -38,152 +27,152 @@ from __future__ import annotations
 import math
 from typing import Callable, NamedTuple, Optional
 
-import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax, random
-from jax.flatten_util import ravel_pytree
-from numpyro.infer.initialization import init_to_uniform
 
-from numpyro_sgmc.preconditioners import flat_layout
-from numpyro_sgmc.subsample import Batch, initialize, num_data, split_args
+from numpyro_sgmc import scales
+from numpyro_sgmc.curvature import host_rng
+from numpyro_sgmc.model import Layout, num_data, prepare_model, split_args
+from numpyro_sgmc.rowsums import global_terms, plate_sums, probe_spread
+from numpyro_sgmc.scales import Dense, Diagonal
+from numpyro_sgmc.theory.linear import GradientNoise
 
-__all__ = ["Information", "information", "per_datum_hessians"]
+__all__ = ["Information", "control_variate_noise", "information", "information_of"]
 
+KINDS = ("dense", "diagonal")
 # J + J_prior counts as singular when its smallest eigenvalue is below this fraction of its
 # largest: 1e-8 in float64; in float32 eigenvalues that small are rounding noise, so 10·eps
 _RTOL = 1e-8
 _RTOL32 = 10 * float(np.finfo(np.float32).eps)
-# elements of the largest intermediate one vmapped slice may hold (per-datum gradients, probes)
-_VMAP_ELEMENTS = 2**22
 
 
 class Information(NamedTuple):
-    """``J``, ``J_prior``, ``I`` at ``params`` (theory §1, §3); every array numpy float64.
-
-    Matrices are ``(d, d)`` for ``kind="dense"`` and their diagonals ``(d,)`` for
-    ``kind="diagonal"`` (then ``J`` and ``J_prior`` are Hutchinson estimates with
+    """``J``, ``J_prior``, ``I`` at ``params`` (``docs/theory.md`` §1, §3), as scales (NumPy
+    float64): :class:`~numpyro_sgmc.Dense` for ``kind="dense"``, :class:`~numpyro_sgmc.Diagonal`
+    for ``kind="diagonal"`` (then ``J`` and ``J_prior`` are Hutchinson estimates with
     ``num_probes`` probes; ``I`` is exact on the rows used).
 
     :param J: ``-(1/n) Σ_i ∇²_z l(z; X_i)``, plus ``regularization`` times the identity.
     :param J_prior: ``∇²(U - data part)(z) / n``: prior, Jacobians, global observations.
-    :param I: ``Σ_p (n_p/n) Cov_p``, ``Cov_p`` the covariance over the data of plate ``p`` of
-        the per-datum gradients ``∇_z l(z; X_i)`` (each plate centred on its own mean).
-    :param mean_gradient: ``ĝ = -∇U(z)/n`` (prior included), from the rows used.
+    :param I: ``Σ_p (n_p/n) Cov_p``, ``Cov_p`` the covariance over plate ``p`` of the
+        per-datum gradients ``∇_z l(z; X_i)``.
+    :param mean_gradient: ``(d,)`` ``ĝ = -∇U(z)/n`` (prior included), from the rows used.
     :param int num_data: ``n = Σ_p n_p``.
     :param int num_rows: ``m``, the rows used (``n``, or a uniform subsample).
-    :param dict plates: plate name -> :class:`~numpyro_sgmc.subsample.SubsamplePlate`.
-    :param dict plate_covariances: plate name -> ``Cov_p``.
-    :param list layout: :func:`~numpyro_sgmc.preconditioners.flat_layout` of ``params``.
+    :param tuple plates: the model's :class:`~numpyro_sgmc.subsample.SubsamplePlate` s.
+    :param dict plate_covariances: plate name -> ``Cov_p`` (a scale).
+    :param layout: the :class:`~numpyro_sgmc.model.Layout` of the parameters.
     :param float regularization: ridge added to ``J`` (0.0 if none).
     :param int num_probes: Hutchinson probes behind a diagonal ``J`` (0 for dense).
+    :param tuple replicates: the leave-one-group-out ``(J, I)`` of the jackknife.
+    :param probe_error: ``(d,)`` standard error of a diagonal ``J`` from its probes,
+        relative to ``J + J_prior`` (zeros for dense).
     """
 
-    J: np.ndarray
-    J_prior: np.ndarray
-    I: np.ndarray
+    J: object
+    J_prior: object
+    I: object
     mean_gradient: np.ndarray
     num_data: int
     num_rows: int
-    plates: dict
+    plates: tuple
     plate_covariances: dict
-    layout: list
+    layout: Layout
     regularization: float
     num_probes: int = 0
+    replicates: tuple = ()
+    probe_error: Optional[np.ndarray] = None
 
     @property
     def kind(self) -> str:
         """``"dense"`` or ``"diagonal"``."""
-        return "dense" if np.ndim(self.J) == 2 else "diagonal"
+        return "dense" if isinstance(self.J, Dense) else "diagonal"
 
     @property
-    def potential_curvature(self) -> np.ndarray:
-        """``J + J_prior = ∇²U/n``: what the predictor of theory §3 calls ``J``."""
+    def potential_curvature(self):
+        """``J + J_prior = ∇²U/n``: what the predictions of ``docs/theory.md`` §3 call ``J``."""
         return self.J + self.J_prior
 
     @property
-    def sandwich(self) -> np.ndarray:
-        """``S = J⁻¹ I J⁻¹``, ``J`` the :attr:`potential_curvature` (elementwise if diagonal)."""
-        Jc = self.potential_curvature
-        if self.kind == "diagonal":
-            return self.I / Jc**2
-        left = np.linalg.solve(Jc, self.I)
-        S = np.linalg.solve(Jc, left.T).T
-        return 0.5 * (S + S.T)
+    def sandwich(self):
+        """``S = J⁻¹ I J⁻¹``, ``J`` the :attr:`potential_curvature`."""
+        return sandwich(self.potential_curvature, self.I)
+
+    @property
+    def data_free(self) -> np.ndarray:
+        """``(d,)`` bool: the parameters with no per-datum gradient (``I`` and the data part of
+        ``J`` are zero there): hierarchical means and scales, set only by the prior."""
+        return (np.asarray(self.I.diagonal()) == 0) & (np.asarray(self.J.diagonal()) <= 0)
 
     @property
     def condition_numbers(self) -> dict:
-        """``{"J": ..., "I": ...}``: largest over smallest eigenvalue (diagonal entry).
-
-        ``"J"`` is that of the :attr:`potential_curvature`; ``inf`` where the smallest is <= 0.
-        """
-        return {"J": _condition(self.potential_curvature), "I": _condition(self.I)}
+        """``{"J": ..., "I": ...}``: largest over smallest eigenvalue (``inf`` if ≤ 0)."""
+        return {
+            "J": scales.condition_number(self.potential_curvature),
+            "I": scales.condition_number(self.I),
+        }
 
     @property
     def mode_distance(self) -> float:
-        """``sqrt(n ĝᵀ (J + J_prior)⁻¹ ĝ)``: the Newton step to the mode in posterior sds.
-
-        About ``sqrt(d)`` or less when ``params`` is at the mode of a subsample of the data,
-        and 0 at the exact full-data mode.
-        """
-        g, Jc = self.mean_gradient, self.potential_curvature
-        step = g / Jc if self.kind == "diagonal" else np.linalg.solve(Jc, g)
+        """``sqrt(n ĝᵀ (J + J_prior)⁻¹ ĝ)``: the Newton step to the mode in posterior sds."""
+        g = self.mean_gradient
+        step = np.asarray(self.potential_curvature.solve(g))
         return float(np.sqrt(max(self.num_data * float(g @ step), 0.0)))
 
-    def gradient_noise(self, batch_size=None) -> np.ndarray:
-        """Covariance of the minibatch average gradient ``ĝ`` of one step (with replacement).
+    def jackknife(self, f: Callable) -> np.ndarray:
+        """Standard error of ``f(J + J_prior, I)`` (an array) from the rows' sampling: the
+        grouped jackknife over the leave-one-group-out estimates, times ``sqrt(1 - m/n)``
+        (zero when every row is used; zero without replicates)."""
+        value = np.asarray(f(self.potential_curvature, self.I), np.float64)
+        fpc = max(0.0, 1.0 - self.num_rows / self.num_data)
+        if not self.replicates or fpc == 0:
+            return np.zeros_like(value)
+        reps = np.stack(
+            [np.asarray(f(J + self.J_prior, I), np.float64) for J, I in self.replicates]
+        )
+        G = len(reps)
+        var = (G - 1) / G * np.sum((reps - reps.mean(axis=0)) ** 2, axis=0)
+        return np.sqrt(var * fpc)
 
-        ``Σ_p (n_p/n)² Cov_p / b_p`` (theory §2-§3: ``I/b`` for a single plate).
+    def gradient_noise(self, batch_size=None, spread: Optional[Callable] = None) -> GradientNoise:
+        """The covariance of the minibatch gradient ``ĝ`` of one step (with replacement),
+        ``Σ_p (n_p/n)² Cov_p / b_p`` (``I/b`` for a single plate), as a
+        :class:`~numpyro_sgmc.theory.GradientNoise`; ``spread`` adds the per-datum-Hessian
+        term ``M(Σ)/b``.
 
-        :param batch_size: ``None`` for the plates' own batch sizes, an int for every plate, or
-            a dict ``{plate: b_p}`` (plates left out keep their own).
+        :param batch_size: ``None`` for the plates' own batch sizes, an int for every plate,
+            or ``{plate: b_p}``.
         """
-        n = self.num_data
-        total = 0.0
-        for name, plate in self.plates.items():
-            if batch_size is None:
-                b = plate.batch_size
-            elif isinstance(batch_size, dict):
-                unknown = set(batch_size) - set(self.plates)
-                if unknown:
-                    raise ValueError(
-                        f"batch_size names plate(s) {sorted(unknown)}; the subsample plates "
-                        f"are {sorted(self.plates)}."
-                    )
-                b = batch_size.get(name, plate.batch_size)
-            else:
-                b = batch_size
-            if not isinstance(b, (int, np.integer)) or isinstance(b, bool) or b < 1:
-                raise ValueError(f"batch size for plate '{name}' must be a positive int, got {b!r}")
-            total = total + (plate.size / n) ** 2 * self.plate_covariances[name] / b
-        return np.asarray(total, np.float64)
+        sizes = _batch_sizes(self.plates, batch_size)
+        total = plate_noise(self.plates, self.plate_covariances, sizes)
+        if spread is None:
+            return GradientNoise(total, None, 1.0)
+        b = sum(sizes.values())
+        return GradientNoise(total * b, spread, 1.0 / b)
 
     def unflatten(self, vec) -> dict:
-        """Site name -> array for a flat ``(..., d)`` vector (the last axis in layout order)."""
-        vec = np.asarray(vec)
-        lead = vec.shape[:-1]
-        return {
-            name: vec[..., start:stop].reshape(lead + tuple(shape))
-            for name, start, stop, shape in self.layout
-        }
+        """Site name -> array for a flat ``(..., d)`` vector."""
+        return {k: np.asarray(v) for k, v in self.layout.unravel(jnp.asarray(vec)).items()}
 
     def summary(self) -> str:
         """A short printable report."""
-        d = int(np.shape(self.J)[0])
         cond = self.condition_numbers
         rows = "all" if self.num_rows == self.num_data else "uniform subsample"
         lines = [
-            f"Information ({self.kind}, d={d}, sites {[s for s, *_ in self.layout]})",
+            f"Information ({self.kind}, d={self.layout.size}, sites "
+            f"{[s for s, *_ in self.layout.sites]})",
             f"  data: n={self.num_data} in plate(s) "
-            + ", ".join(f"{k} ({p.size})" for k, p in self.plates.items())
+            + ", ".join(f"{p.name} ({p.size})" for p in self.plates)
             + f"; rows used m={self.num_rows} ({rows})",
             f"  condition numbers: J+J_prior {cond['J']:.4g}, I {cond['I']:.4g}",
             f"  regularization (ridge added to J): {self.regularization:.4g}",
             f"  Newton step to the mode: {self.mode_distance:.3g} posterior sd",
         ]
         if self.kind == "diagonal":
+            worst = float(np.max(self.probe_error)) if self.probe_error is not None else 0.0
             lines.append(
-                f"  diag(J), diag(J_prior): Hutchinson estimates, {self.num_probes} probes"
+                f"  diag(J), diag(J_prior): Hutchinson estimates, {self.num_probes} probes "
+                f"(largest relative error {worst:.2g})"
             )
         return "\n".join(lines)
 
@@ -191,76 +180,85 @@ class Information(NamedTuple):
         return self.summary()
 
 
-def _condition(M) -> float:
-    M = np.asarray(M, np.float64)
-    vals = M if M.ndim == 1 else np.linalg.eigvalsh(0.5 * (M + M.T))
-    lo, hi = float(np.min(vals)), float(np.max(vals))
-    return float("inf") if lo <= 0 else hi / lo
+def sandwich(J, I):
+    """``S = J⁻¹ I J⁻¹`` (symmetrised)."""
+    J_inv = J.inverse()
+    S = J_inv @ I @ J_inv
+    return S if isinstance(S, Diagonal) else Dense(0.5 * (S.matrix + S.matrix.T))
 
 
-def _key_seed(key) -> list:
-    if jnp.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
-        key = random.key_data(key)
-    return [int(v) for v in np.asarray(key).ravel()]
-
-
-def _rows_per_plate(plates: dict, num_rows: int) -> dict:
-    """``m_p`` proportional to ``n_p`` (largest remainders), at least 2 and at most ``n_p``."""
+def plate_noise(plates, covariances: dict, batch_sizes: dict):
+    """``Σ_p (n_p/n)² C_p / b_p``: the per-step noise of the minibatch gradient over plates."""
     n = num_data(plates)
-    names = list(plates)
-    quota = np.array([num_rows * plates[k].size / n for k in names])
-    m = np.floor(quota).astype(int)
-    for i in np.argsort(-(quota - m))[: num_rows - int(m.sum())]:
-        m[i] += 1
-    return {k: int(min(max(mk, 2), plates[k].size)) for k, mk in zip(names, m, strict=True)}
+    total = None
+    for p in plates:
+        part = covariances[p.name] * ((p.size / n) ** 2 / batch_sizes[p.name])
+        total = part if total is None else total + part
+    return total
 
 
-def _kahan(acc, x):
-    """Compensated summation, so float32 sums over many chunks keep float32 accuracy."""
-    total, comp = acc
-    y = jax.tree.map(jnp.subtract, x, comp)
-    t = jax.tree.map(jnp.add, total, y)
-    comp = jax.tree.map(lambda t, s, y: (t - s) - y, t, total, y)
-    return t, comp
-
-
-def _site_names(layout, flat_indices) -> list:
-    out = []
-    for k in flat_indices:
-        for name, start, stop, shape in layout:
-            if start <= k < stop:
-                if len(shape) == 0:
-                    out.append(name)
-                else:
-                    idx = np.unravel_index(k - start, shape)
-                    out.append(f"{name}[{', '.join(str(int(i)) for i in idx)}]")
+def _batch_sizes(plates, batch_size) -> dict:
+    out = {}
+    for p in plates:
+        if batch_size is None:
+            b = p.batch_size
+        elif isinstance(batch_size, dict):
+            unknown = set(batch_size) - {q.name for q in plates}
+            if unknown:
+                raise ValueError(
+                    f"batch_size names plate(s) {sorted(unknown)}; the subsample plates "
+                    f"are {sorted(q.name for q in plates)}."
+                )
+            b = batch_size.get(p.name, p.batch_size)
+        else:
+            b = batch_size
+        if not isinstance(b, (int, np.integer)) or isinstance(b, bool) or b < 1:
+            raise ValueError(f"batch size for plate '{p.name}' must be a positive int, got {b!r}")
+        out[p.name] = int(b)
     return out
 
 
-def _ridge_for(lo: float, hi: float, rtol: float) -> float:
-    """Smallest ``r >= 0`` with ``lo + r >= rtol · (hi + r)``."""
-    if lo >= rtol * hi and hi > 0:
-        return 0.0
-    r = (rtol * hi - lo) / (1.0 - rtol)
-    if hi + r <= 0:  # all eigenvalues equal and <= 0: no scale to be relative to
-        r = -lo + max(abs(lo), np.finfo(np.float64).tiny)
-    return float(max(r, 0.0))
+def rows_per_plate(plates, num_rows: int) -> dict:
+    """``m_p`` proportional to ``n_p`` (largest remainders), at least 2 and at most ``n_p``."""
+    n = num_data(plates)
+    quota = np.array([num_rows * p.size / n for p in plates])
+    m = np.floor(quota).astype(int)
+    for i in np.argsort(-(quota - m))[: num_rows - int(m.sum())]:
+        m[i] += 1
+    return {p.name: int(min(max(mk, 2), p.size)) for p, mk in zip(plates, m, strict=True)}
+
+
+def choose_rows(plates, num_rows, rng_key) -> dict:
+    """Plate name -> sorted row indices of a uniform subsample of about ``num_rows`` rows
+    (``None``: every row)."""
+    n = num_data(plates)
+    if num_rows is None or num_rows >= n:
+        return {p.name: None for p in plates}
+    if not isinstance(num_rows, (int, np.integer)) or num_rows < 1:
+        raise ValueError(f"num_rows must be None or a positive int, got {num_rows!r}")
+    gen = host_rng(rng_key)
+    counts = rows_per_plate(plates, int(num_rows))
+    rows = {}
+    for p in plates:
+        m_p = counts[p.name]
+        # Generator.choice without replacement uses a hash set (O(m)) for m << n
+        rows[p.name] = None if m_p == p.size else np.sort(gen.choice(p.size, m_p, replace=False))
+    return rows
 
 
 def information(
     model: Callable,
+    rng_key,
     *model_args,
     params: dict,
-    rng_key=None,
     num_rows: Optional[int] = None,
     kind: str = "dense",
     chunk_size: int = 1024,
     regularize=None,
     num_probes: int = 64,
-    init_strategy=init_to_uniform,
-    **model_kwargs,
+    model_kwargs: Optional[dict] = None,
 ) -> Information:
-    """``J``, ``J_prior`` and ``I`` of ``model`` at ``params`` (theory §1 and §3).
+    """``J``, ``J_prior`` and ``I`` of ``model`` at ``params`` (``docs/theory.md`` §1 and §3).
 
     .. math::
 
@@ -269,294 +267,221 @@ def information(
         I = \\textstyle\\sum_p \\tfrac{n_p}{n}\\,\\mathrm{Cov}_{i\\in p}\\,\\nabla l(z; X_i),
 
     in unconstrained coordinates ``z``; ``S = (J + J_prior)⁻¹ I (J + J_prior)⁻¹`` is
-    :attr:`Information.sandwich`. The per-datum terms come from the model's subsample plate(s)
-    by weighting the data (see the module docstring), so priors, Jacobians of constraining
-    transforms and global observations never enter ``J`` or ``I``.
+    :attr:`Information.sandwich`.
 
     :param model: a NumPyro model with at least one subsample plate (as for the kernels).
+    :param rng_key: key for the row subsample and the Hutchinson probes.
     :param model_args: the model's positional arguments (the data).
-    :param dict params: unconstrained values at the mode, site -> array (no chain axis), e.g.
-        from an optimiser or :attr:`SubsampledModel.init_params`.
-    :param rng_key: key for the row subsample, the Hutchinson probes and NumPyro's tracing
-        (default ``PRNGKey(0)``); the result is deterministic given it.
+    :param dict params: unconstrained values at the mode, site -> array (no chain axis).
     :param num_rows: ``None`` for all ``n`` rows; else a uniform subsample without replacement
         of about ``num_rows`` rows, split over the plates in proportion to ``n_p`` (at least 2
-        per plate). Within a plate of ``m_p`` of ``n_p`` rows the sums are scaled by
-        ``n_p/m_p`` (``J`` unbiased) and the covariance uses ``(n_p - 1)/(n_p (m_p - 1))``
-        (unbiased for the full-data ``Cov_p``; ``1/n_p`` when ``m_p = n_p``).
-    :param kind: ``"dense"`` (``(d, d)`` matrices, exact Hessians) or ``"diagonal"`` (``(d,)``,
-        never forms a ``d × d`` matrix; for large ``d``). Diagonal ``J`` and ``J_prior`` are
-        **estimates**: Hutchinson's ``diag(H) ≈ (1/K) Σ_k v_k ⊙ H v_k`` with ``K = num_probes``
-        Rademacher probes ``v_k`` and Hessian-vector products, entry ``j`` having standard
-        error ``sqrt(Σ_{k≠j} H_jk² / K)`` (exact when ``H`` is diagonal); diagonal ``I`` is
-        exact (mean squared centred per-datum gradients).
-    :param int chunk_size: rows per chunk; memory is ``O(chunk_size · d²)`` (dense) or
-        ``O(chunk_size · d)`` plus one model evaluation per probe (diagonal).
+        per plate); sums are scaled by ``n_p/m_p`` and the covariance uses
+        ``(n_p - 1)/(n_p (m_p - 1))`` (unbiased for the full-data ``Cov_p``).
+    :param kind: ``"dense"`` (``(d, d)``, exact Hessians) or ``"diagonal"`` (``(d,)``, never a
+        ``d × d`` matrix; ``J`` by Hutchinson's ``diag(H) ≈ (1/K) Σ_k v_k ⊙ H v_k`` with
+        ``K = num_probes`` Rademacher probes, raised to 0 where the probes' noise puts it below, as
+        the data part of ``J`` is positive semi-definite at a mode; ``I`` exact).
+    :param int chunk_size: rows per chunk.
     :param regularize: ``None`` (raise if ``J + J_prior`` is not positive definite), a ridge
         ``r >= 0`` added to ``J``, or ``"auto"``: the smallest ridge with
-        ``λmin >= rtol · λmax`` (``rtol = 1e-8``; in float32 ``10 eps ≈ 1.2e-6``, below which
-        eigenvalues of a float32 Hessian are rounding noise). The ridge is reported in
-        :attr:`Information.regularization`.
+        ``λmin >= rtol · λmax`` (``rtol = 1e-8``; in float32 ``10 eps ≈ 1.2e-6``).
     :param int num_probes: Hutchinson probes (``kind="diagonal"`` only).
-    :param init_strategy: passed to :func:`~numpyro_sgmc.subsample.initialize` (only used to
-        build the potential; the values are ``params``).
-    :param model_kwargs: the model's keyword arguments.
-    :raises ValueError: no subsample plate (from :mod:`numpyro_sgmc.subsample`); ``params`` not
-        matching the latent sites; non-finite gradients or Hessians; ``J + J_prior`` not
-        positive definite and ``regularize`` not given.
-
-    Computation is in the default float dtype (float32 unless x64 is enabled), jit-compiled,
-    with compensated (Kahan) sums over chunks; results are numpy float64.
+    :param dict model_kwargs: the model's keyword arguments.
+    :raises ValueError: no subsample plate; ``params`` not matching the latent sites; non-finite
+        gradients or Hessians; ``J + J_prior`` not positive definite and ``regularize`` not
+        given.
     """
-    if kind not in ("dense", "diagonal"):
+    prepared = prepare_model(rng_key, model, model_args, model_kwargs)
+    return information_of(
+        prepared, rng_key, model_args, model_kwargs, params, num_rows, kind, chunk_size,
+        regularize, num_probes,
+    )  # fmt: skip
+
+
+def information_of(
+    prepared,
+    rng_key,
+    model_args,
+    model_kwargs,
+    params,
+    num_rows=None,
+    kind="dense",
+    chunk_size=1024,
+    regularize=None,
+    num_probes=64,
+) -> Information:
+    """:func:`information` on a prepared model (:func:`~numpyro_sgmc.model.prepare_model`)."""
+    if kind not in KINDS:
         raise ValueError(f"kind must be 'dense' or 'diagonal', got {kind!r}")
     if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     if kind == "diagonal" and (not isinstance(num_probes, (int, np.integer)) or num_probes < 1):
         raise ValueError(f"num_probes must be a positive int, got {num_probes!r}")
-    rng_key = random.PRNGKey(0) if rng_key is None else rng_key
-    key_init, key_rows, key_probes = random.split(rng_key, 3)
-
-    prep = initialize(key_init, model, model_args, model_kwargs, init_strategy=init_strategy)
-    plates = dict(sorted(prep.plates.items()))
-    n = num_data(plates)
+    spec, layout, plates = prepared.spec, prepared.layout, prepared.plates
+    n, d = spec.num_data, layout.size
     dtype = jnp.result_type(float)
-    params = _check_params(params, prep.init_params, dtype)
-    layout = flat_layout(params)
-    zflat, unravel = ravel_pytree(params)
-    d = int(zflat.shape[0])
-    dynamic, rebuild = split_args(model_args, model_kwargs)
-    potential_fn = prep.potential_fn
-
-    # rows per plate: None = all of them (indices built inside the jitted scan, O(chunk))
-    if num_rows is None or num_rows >= n:
-        rows = {name: None for name in plates}
-    else:
-        if not isinstance(num_rows, (int, np.integer)) or num_rows < 1:
-            raise ValueError(f"num_rows must be None or a positive int, got {num_rows!r}")
-        gen = np.random.default_rng(_key_seed(key_rows))
-        rows = {}
-        for name, m_p in _rows_per_plate(plates, int(num_rows)).items():
-            size = plates[name].size
-            # Generator.choice without replacement uses a hash set (O(m)) for m << n
-            rows[name] = None if m_p == size else np.sort(gen.choice(size, m_p, replace=False))
-    used = {name: plates[name].size if r is None else len(r) for name, r in rows.items()}
-
+    zf = layout.ravel(check_params(params, prepared, dtype))
+    arrays, structure = split_args(model_args, model_kwargs)
+    rows = choose_rows(plates, num_rows, rng_key)
     probes = None
     if kind == "diagonal":
-        probes = (2 * random.bernoulli(key_probes, 0.5, (num_probes, d)) - 1).astype(dtype)
-
-    def one_row(name):  # a weight-0 row of every plate but the given one
-        return {q: jnp.zeros(1, jnp.int32) for q in plates if q != name}
-
-    def zero_weights(name):
-        return {q: jnp.zeros(1, dtype) for q in plates if q != name}
-
-    base_batch = Batch(one_row(None), zero_weights(None), 0.0)
-    global_batch = Batch(one_row(None), zero_weights(None), 1.0)
-
-    def potential(zf, batch, args):
-        margs, mkwargs = rebuild(args)
-        return potential_fn(unravel(zf), batch, margs, mkwargs)
-
-    def diag_hessian(fn, zf, probes):
-        """Hutchinson: mean over probes of v ⊙ (∇²fn) v."""
-        grad_fn = jax.grad(fn)
-
-        def one(v):
-            return v * jax.jvp(grad_fn, (zf,), (v,))[1]
-
-        inner = max(1, min(num_probes, _VMAP_ELEMENTS // max(d, 1)))
-        if inner >= num_probes:
-            return jnp.mean(jax.vmap(one)(probes), axis=0)
-        return jnp.mean(lax.map(one, probes, batch_size=inner), axis=0)
-
-    def global_terms(zf, probes, args):
-        fn = lambda z: potential(z, global_batch, args)  # noqa: E731
-        grad = jax.grad(fn)(zf)
-        curv = jax.hessian(fn)(zf) if kind == "dense" else diag_hessian(fn, zf, probes)
-        return grad, curv
-
-    def plate_terms(name, count, full, zf, row_array, probes, args):
-        """Sums over the ``count`` rows of plate ``name`` in chunks (jitted per plate)."""
-        num_chunks = math.ceil(count / chunk_size)
-        length = math.ceil(count / num_chunks)
-        others_idx, others_w = one_row(name), zero_weights(name)
-        base_grad = jax.grad(potential)(zf, base_batch, args)
-        inner = max(1, min(length, _VMAP_ELEMENTS // max(d, 1)))
-
-        def datum_gradient(row):  # ∇l(z; X_row) = -[∇U(w = e_row, g = 0) - ∇U(w = 0, g = 0)]
-            batch = Batch(
-                {name: row[None], **others_idx}, {name: jnp.ones(1, dtype), **others_w}, 0.0
-            )
-            return base_grad - jax.grad(potential)(zf, batch, args)
-
-        def chunk(c):
-            pos = c * length + jnp.arange(length)
-            valid = pos < count
-            pos = jnp.where(valid, pos, 0)
-            idx = pos if full else row_array[pos]
-            w = valid.astype(dtype)
-            batch = Batch({name: idx, **others_idx}, {name: w, **others_w}, 0.0)
-
-            def data_part(z):  # -Σ_i w_i l(z; X_i): every global term cancels
-                return potential(z, batch, args) - potential(z, base_batch, args)
-
-            return idx, w, data_part
-
-        # shift every gradient by the mean of the first chunk: a centred, one-pass covariance
-        _, w0, data_part0 = chunk(0)
-        shift = -jax.grad(data_part0)(zf) / jnp.sum(w0)
-
-        def body(acc, c):
-            sums, comp, finite = acc
-            idx, w, data_part = chunk(c)
-            if kind == "dense":
-                hess = jax.hessian(data_part)(zf)
-            else:
-                hess = diag_hessian(data_part, zf, probes)
-            if inner >= length:
-                grads = jax.vmap(datum_gradient)(idx)
-            else:
-                grads = lax.map(datum_gradient, idx, batch_size=inner)
-            dg = (grads - shift) * w[:, None]
-            outer = dg.T @ dg if kind == "dense" else jnp.sum(dg**2, 0)
-            sums, comp = _kahan((sums, comp), (hess, jnp.sum(dg, 0), outer))
-            return (sums, comp, finite & jnp.all(jnp.isfinite(grads))), None
-
-        square = (d, d) if kind == "dense" else (d,)
-        zeros = (jnp.zeros(square, dtype), jnp.zeros(d, dtype), jnp.zeros(square, dtype))
-        init = (zeros, zeros, jnp.array(True))
-        (sums, _, finite), _ = lax.scan(body, init, jnp.arange(num_chunks))
-        return sums, shift, finite
-
-    global_grad, global_curv = jax.jit(global_terms)(zflat, probes, dynamic)
-    global_grad = np.asarray(global_grad, np.float64)
-    global_curv = np.asarray(global_curv, np.float64)
+        signs = host_rng(rng_key, 1).integers(0, 2, (int(num_probes), d))
+        probes = jnp.asarray(2 * signs - 1, dtype)
+    global_grad, global_curv = global_terms(spec, structure, layout, kind, zf, probes, arrays)
+    global_grad, global_curv = (np.asarray(x, np.float64) for x in (global_grad, global_curv))
     _check_finite([global_grad, global_curv], "the prior / global terms")
-
-    J = np.zeros((d, d) if kind == "dense" else (d,))
-    mean_grad = -global_grad / n
-    covariances = {}
-    for name, plate in plates.items():
-        size, count, full = plate.size, used[name], rows[name] is None
-        fn = jax.jit(
-            lambda zf, r, p, a, _n=name, _c=count, _f=full: plate_terms(_n, _c, _f, zf, r, p, a)
-        )
-        row_array = None if full else jnp.asarray(rows[name], jnp.int32)
-        (hess, sg, outer), shift, finite = fn(zflat, row_array, probes, dynamic)
-        hess, sg, outer, shift = (np.asarray(x, np.float64) for x in (hess, sg, outer, shift))
-        if not bool(finite):
-            _check_finite([np.array(np.nan)], f"the per-datum gradients of plate '{name}'")
-        _check_finite([hess, sg, outer, shift], f"the per-datum terms of plate '{name}'")
-        delta = sg / count  # mean gradient minus shift
-        mean_p = shift + delta
-        if kind == "dense":
-            centred = outer - count * np.outer(delta, delta)
-            centred = 0.5 * (centred + centred.T)
-        else:
-            centred = np.maximum(outer - count * delta**2, 0.0)
-        factor = 0.0 if count < 2 else (size - 1) / (size * (count - 1))
-        covariances[name] = centred * factor
-        J += hess * (size / count) / n
-        mean_grad = mean_grad + (size / n) * mean_p
-
-    J_prior = global_curv / n
-    if kind == "dense":
-        J, J_prior = 0.5 * (J + J.T), 0.5 * (J_prior + J_prior.T)
-    I = sum((plates[k].size / n) * covariances[k] for k in plates)
+    sums = {}
+    for p in plates:
+        full = rows[p.name] is None
+        count = p.size if full else len(rows[p.name])
+        r = None if full else jnp.asarray(rows[p.name], jnp.int32)
+        sums[p.name] = plate_sums(
+            spec, structure, layout, kind, p.name, count, full, int(chunk_size), zf, r, probes,
+            arrays,
+        )  # fmt: skip
+        if not sums[p.name].finite:
+            _check_finite([np.array(np.nan)], f"the per-datum gradients of plate '{p.name}'")
+        _check_finite(list(sums[p.name][:5]), f"the per-datum terms of plate '{p.name}'")
+    J, I, covariances, mean_grad, probe_terms = _assemble(plates, sums, n, kind)
+    mean_grad = mean_grad - global_grad / n
+    J_prior = global_curv / n if kind == "dense" else global_curv.mean(axis=0) / n
+    wrap = Dense if kind == "dense" else Diagonal
+    probe_error = np.zeros(d)
+    if kind == "diagonal":
+        # v_k ⊙ Hv_k over K probes: its spread across probes is the estimate's own error
+        terms = probe_terms + global_curv / n
+        probe_error = terms.std(axis=0, ddof=1) / np.sqrt(len(terms))
+        probe_error = probe_error / np.maximum(np.abs(terms.mean(axis=0)), 1e-300)
     rtol = _RTOL if dtype == jnp.float64 else _RTOL32
-    ridge = _regularize(J, J_prior, regularize, rtol, layout)
-    if ridge:
-        J = J + (ridge * np.eye(d) if kind == "dense" else ridge)
+    ridge = _regularize(wrap(J), wrap(J_prior), regularize, rtol, layout)
+    ridge_matrix = ridge * (np.eye(d) if kind == "dense" else np.ones(d))
+    replicates = tuple(
+        (wrap(Jg + ridge_matrix), wrap(Ig)) for Jg, Ig in _leave_one_out(plates, sums, n, kind)
+    )
     return Information(
-        J=J,
-        J_prior=J_prior,
-        I=np.asarray(I, np.float64),
-        mean_gradient=np.asarray(mean_grad, np.float64),
+        J=wrap(J + ridge_matrix),
+        J_prior=wrap(J_prior),
+        I=wrap(I),
+        mean_gradient=mean_grad,
         num_data=n,
-        num_rows=int(sum(used.values())),
+        num_rows=int(sum(s.count.sum() for s in sums.values())),
         plates=plates,
-        plate_covariances=covariances,
+        plate_covariances={k: wrap(v) for k, v in covariances.items()},
         layout=layout,
         regularization=float(ridge),
         num_probes=int(num_probes) if kind == "diagonal" else 0,
+        replicates=replicates,
+        probe_error=probe_error,
     )
 
 
-def per_datum_hessians(
-    model: Callable,
-    *model_args,
-    params: dict,
-    rng_key=None,
-    num_rows: int = 2000,
-    init_strategy=init_to_uniform,
-    **model_kwargs,
-) -> np.ndarray:
-    """``(m, d, d)`` per-datum Hessians ``H_i = ∇²_z l(z; X_i)`` of ``m`` rows at ``params``.
+def _moments(sums, size, n, kind, drop=None):
+    """``J``'s data part, ``Cov_p`` and the mean gradient of one plate (``drop``: a group left
+    out)."""
+    keep = np.ones(len(sums.count), bool)
+    if drop is not None:
+        keep[drop] = False
+    count = float(sums.count[keep].sum())
+    hess = sums.hessian[keep].sum(axis=0)
+    if kind == "diagonal":  # the mean over probes; the data part of J is PSD at a mode
+        hess = np.maximum(hess.mean(axis=0), 0.0)
+    delta = sums.gradient[keep].sum(axis=0) / count  # mean gradient minus the shift
+    outer = sums.outer[keep].sum(axis=0)
+    if kind == "dense":
+        centred = outer - count * np.outer(delta, delta)
+        centred = 0.5 * (centred + centred.T)
+    else:
+        centred = np.maximum(outer - count * delta**2, 0.0)
+    factor = 0.0 if count < 2 else (size - 1) / (size * (count - 1))
+    return hess * (size / count) / n, centred * factor, sums.shift + delta, count
 
-    What theory §3's control-variate noise term ``M(Σ) = (1/n)Σ_i H_i Σ H_i - H̄ Σ H̄`` needs
-    (:func:`numpyro_sgmc.theory.stationary_covariance`'s ``hessians``). The rows are a uniform
-    subsample without replacement (all rows when ``num_rows >= n``), split over the plates in
-    proportion to ``n_p``, so the sample estimates the pooled average over all data. Each
-    ``H_i`` is the weight derivative of the model's own plate (module docstring):
-    ``H_i = -∇²[U(w = e_i, g = 0) - U(w = 0, g = 0)]``. Dense, so for small ``d`` only.
-    """
-    if not isinstance(num_rows, (int, np.integer)) or num_rows < 1:
-        raise ValueError(f"num_rows must be a positive int, got {num_rows!r}")
-    rng_key = random.PRNGKey(0) if rng_key is None else rng_key
-    key_init, key_rows = random.split(rng_key)
-    prep = initialize(key_init, model, model_args, model_kwargs, init_strategy=init_strategy)
-    plates = dict(sorted(prep.plates.items()))
-    dtype = jnp.result_type(float)
-    zflat, unravel = ravel_pytree(_check_params(params, prep.init_params, dtype))
-    dynamic, rebuild = split_args(model_args, model_kwargs)
-    gen = np.random.default_rng(_key_seed(key_rows))
-    counts = _rows_per_plate(plates, min(int(num_rows), num_data(plates)))
 
-    def potential(zf, batch, args):
-        margs, mkwargs = rebuild(args)
-        return prep.potential_fn(unravel(zf), batch, margs, mkwargs)
+def _assemble(plates, sums, n, kind):
+    J, I, covariances, mean = 0.0, 0.0, {}, 0.0
+    probe_terms = 0.0
+    for p in plates:
+        Jp, cov, mean_p, count = _moments(sums[p.name], p.size, n, kind)
+        J, I, mean = J + Jp, I + (p.size / n) * cov, mean + (p.size / n) * mean_p
+        covariances[p.name] = cov
+        if kind == "diagonal":
+            probe_terms = probe_terms + sums[p.name].hessian.sum(axis=0) * (p.size / count) / n
+    if kind == "dense":
+        J = 0.5 * (J + J.T)
+    return J, I, covariances, mean, probe_terms
 
-    def plate_hessians(name, rows, args):
-        zero_idx = {q: jnp.zeros(1, jnp.int32) for q in plates}
-        zero_w = {q: jnp.zeros(1, dtype) for q in plates}
-        base = Batch(zero_idx, zero_w, 0.0)
 
-        def datum(row):
-            batch = Batch({**zero_idx, name: row[None]}, {**zero_w, name: jnp.ones(1, dtype)}, 0.0)
-            return -jax.hessian(lambda z: potential(z, batch, args) - potential(z, base, args))(
-                zflat
-            )
-
-        return lax.map(datum, rows, batch_size=min(256, rows.shape[0]))
-
+def _leave_one_out(plates, sums, n, kind):
+    """``(J, I)`` with each row group left out in turn (groups that hold rows)."""
+    groups = len(next(iter(sums.values())).count)
     out = []
-    for name, m_p in counts.items():
-        size = plates[name].size
-        rows = np.arange(size) if m_p == size else np.sort(gen.choice(size, m_p, replace=False))
-        fn = jax.jit(lambda r, a, _n=name: plate_hessians(_n, r, a))
-        out.append(np.asarray(fn(jnp.asarray(rows, jnp.int32), dynamic), np.float64))
-    hessians = np.concatenate(out)
-    _check_finite([hessians], "the per-datum Hessians")
-    return hessians
+    for g in range(groups):
+        if all(s.count[g] == 0 for s in sums.values()):
+            continue
+        J, I = 0.0, 0.0
+        for p in plates:
+            Jp, cov, _, _ = _moments(sums[p.name], p.size, n, kind, drop=g)
+            J, I = J + Jp, I + (p.size / n) * cov
+        out.append((0.5 * (J + J.T) if kind == "dense" else J, I))
+    return out if len(out) > 1 else []
 
 
-def _check_params(params, prototype, dtype) -> dict:
-    if not isinstance(params, dict) or set(params) != set(prototype):
+def control_variate_noise(prepared, rng_key, model_args, model_kwargs, params, covariance,
+                          num_rows=2000, num_probes=64, kind="dense") -> dict:  # fmt: skip
+    """Per plate, ``M̂_p = mean_k Cov_{i∈p}[∇l_i(θ̂ + δ_k) - ∇l_i(θ̂)]`` with ``E[δδᵀ] = Σ``: the
+    covariance of the control-variate gradient's noise, per datum, over the law ``Σ`` the chain
+    samples (:func:`~numpyro_sgmc.rowsums.probe_spread`). Its per-step noise is
+    ``Σ_p (n_p/n)² M̂_p / b_p`` (:func:`plate_noise`). With ``d <= num_probes`` the probes are
+    ``√d`` times the columns of ``Σ^{1/2}`` (exact for a linear gradient); above, ``num_probes``
+    draws of ``N(0, Σ)`` (relative error ``√(2/K)``). ``O(probes · rows · d)`` work, and
+    ``O(rows · d)`` memory (``d²`` more for ``kind="dense"``).
+
+    :param covariance: ``Σ``, a scale.
+    :return: plate name -> a scale (``Dense`` or ``Diagonal`` by ``kind``).
+    """
+    spec, layout, plates = prepared.spec, prepared.layout, prepared.plates
+    dtype = jnp.result_type(float)
+    zf = layout.ravel(check_params(params, prepared, dtype))
+    d = layout.size
+    if d <= num_probes:
+        xi = math.sqrt(d) * np.eye(d)
+    else:
+        xi = host_rng(rng_key, 1).standard_normal((int(num_probes), d))
+    root = covariance.sqrt()  # NumPy float64: the probes are made on the host
+    if isinstance(root, Dense):
+        deltas = np.asarray(root.apply(xi.T)).T
+    else:
+        deltas = xi * np.asarray(root.values)
+    deltas = jnp.asarray(deltas, dtype)
+    arrays, structure = split_args(model_args, model_kwargs)
+    rows = choose_rows(plates, min(int(num_rows), spec.num_data), rng_key)
+    wrap = Dense if kind == "dense" else Diagonal
+    out = {}
+    for p in plates:
+        r = np.arange(p.size) if rows[p.name] is None else rows[p.name]
+        spread = probe_spread(
+            spec, structure, layout, kind, p.name, zf, deltas, jnp.asarray(r, jnp.int32), arrays
+        )
+        _check_finite([spread], f"the control-variate noise of plate '{p.name}'")
+        out[p.name] = wrap(0.5 * (spread + spread.T) if kind == "dense" else spread)
+    return out
+
+
+def check_params(params, prepared, dtype) -> dict:
+    """``params`` as arrays of ``dtype``, one point over the latent sites, shapes checked."""
+    shapes = {s: shape for s, _, _, shape in prepared.layout.sites}
+    if not isinstance(params, dict) or set(params) != set(shapes):
         got = sorted(params) if isinstance(params, dict) else type(params).__name__
         raise ValueError(
-            f"params must be a dict over the latent sites {sorted(prototype)} (unconstrained "
+            f"params must be a dict over the latent sites {sorted(shapes)} (unconstrained "
             f"values at the mode); got {got}."
         )
     out = {}
     for name, value in params.items():
         value = jnp.asarray(value, dtype)
-        want = jnp.shape(prototype[name])
-        if value.shape != want:
+        if value.shape != tuple(shapes[name]):
             raise ValueError(
                 f"params['{name}'] has shape {value.shape}; the unconstrained site has shape "
-                f"{want} (one point, no chain axis)."
+                f"{tuple(shapes[name])} (one point, no chain axis)."
             )
         out[name] = value
     return out
@@ -572,8 +497,22 @@ def _check_finite(arrays, what):
         )
 
 
+def _ridge_for(lo: float, hi: float, rtol: float) -> float:
+    """Smallest ``r >= 0`` with ``lo + r >= rtol · (hi + r)``."""
+    if lo >= rtol * hi and hi > 0:
+        return 0.0
+    r = (rtol * hi - lo) / (1.0 - rtol)
+    if hi + r <= 0:  # all eigenvalues equal and <= 0: no scale to be relative to
+        r = -lo + max(abs(lo), np.finfo(np.float64).tiny)
+    return float(max(r, 0.0))
+
+
 def _regularize(J, J_prior, regularize, rtol, layout) -> float:
-    """The ridge to add to ``J`` (0.0 if none), or raise if ``J + J_prior`` is singular."""
+    """The ridge to add to ``J`` (0.0 if none), or raise if ``J + J_prior`` is singular.
+
+    Positive definiteness is judged on the Jacobi-scaled matrix
+    (:func:`~numpyro_sgmc.scales.positive_definite`), so parameters on very different scales
+    (a covariate in units 10⁴ times another's) are not mistaken for unidentified ones."""
     if regularize is not None and not (
         isinstance(regularize, str)
         and regularize == "auto"
@@ -581,26 +520,34 @@ def _regularize(J, J_prior, regularize, rtol, layout) -> float:
     ):
         raise ValueError(f"regularize must be None, a ridge >= 0 or 'auto'; got {regularize!r}")
     Jc = J + J_prior
-    if Jc.ndim == 2:
-        vals, vecs = np.linalg.eigh(Jc)
-        lo, hi = float(vals[0]), float(vals[-1])
-        weights = np.abs(vecs[:, 0])
-    else:
-        lo, hi = float(np.min(Jc)), float(np.max(Jc))
-        weights = (Jc == lo).astype(float)
-    if regularize == "auto":
-        return _ridge_for(lo, hi, rtol)
-    ridge = 0.0 if regularize is None else float(regularize)
-    if lo + ridge > rtol * (hi + ridge) and hi + ridge > 0:
+    d = len(Jc)
+    ridge = float(regularize) if isinstance(regularize, (int, float, np.floating)) else 0.0
+    M = Jc + Diagonal(np.full(d, ridge)) if ridge else Jc
+    if scales.positive_definite(M, rtol):
         return ridge
-    sites = _site_names(layout, np.flatnonzero(weights >= 0.3 * np.max(weights)))
-    what = "smallest eigenvalue" if Jc.ndim == 2 else "smallest diagonal entry"
+    values = np.asarray(Jc.eigenvalues(), np.float64)
+    if regularize == "auto":
+        return max(_ridge_for(float(values.min()), float(values.max()), rtol), 0.0)
+    names = layout.names()
+    diag = np.asarray(M.diagonal(), np.float64)
+    if np.any(~(diag > 0)):
+        weights = (~(diag > 0)).astype(float)
+        what = f"diagonal entries <= 0 (smallest {diag.min():.3g})"
+    else:
+        root = 1.0 / np.sqrt(diag)
+        scaled = np.asarray(M.as_matrix(), np.float64) * np.outer(root, root)
+        vals, vecs = np.linalg.eigh(scaled)
+        weights = np.abs(vecs[:, 0])
+        what = (
+            f"smallest eigenvalue {vals[0]:.3g} of its correlation-scaled form (largest "
+            f"{vals[-1]:.3g})"
+        )
+    sites = [names[k] for k in np.flatnonzero(weights >= 0.3 * np.max(weights))]
     prefix = (
-        f"J + J_prior (∇²U/n at params) is not positive definite: {what} {lo:.3g} "
-        f"(largest {hi:.3g})"
+        f"J + J_prior (∇²U/n at params) is not positive definite: {what}"
         if regularize is None
         else f"J + J_prior plus the ridge regularize={ridge:g} is still not positive "
-        f"definite: {what} {lo + ridge:.3g} (largest {hi + ridge:.3g})"
+        f"definite: {what}"
     )
     raise ValueError(
         prefix + f", in the direction of {', '.join(sites)}. The data (and prior) do not "
@@ -608,10 +555,4 @@ def _regularize(J, J_prior, regularize, rtol, layout) -> float:
         "all), a proper prior on these sites, check params is a mode (not a saddle), or pass "
         "regularize=<ridge> (added to J) or regularize='auto' (the smallest ridge with "
         f"λmin >= {rtol:.2g}·λmax)."
-        + (
-            " A diagonal J is a Hutchinson estimate: noisy entries can also be lifted with "
-            "more num_probes."
-            if Jc.ndim == 1
-            else ""
-        )
     )

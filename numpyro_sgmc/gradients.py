@@ -1,40 +1,63 @@
-"""Gradient estimators on the average-gradient scale of ``shared/design/theory.md`` §1.
+"""Gradient estimators on the average-gradient scale of ``docs/theory.md`` §1.
 
-Every estimator returns ``ĝ(θ)``, an unbiased estimate of the average gradient
-``-∇U(θ)/n`` (``U`` the full potential, ``n`` the number of data), as a pytree over the
-unconstrained sites. ``potential_fn(position, batch, model_args, model_kwargs)`` is the
-model's potential on a :class:`~numpyro_sgmc.subsample.Batch`, which NumPyro scales by
-``n_p / b_p`` per plate, so ``-∇potential / n`` is the minibatch estimate
+An estimator is an ``(init, estimate)`` pair (:class:`Estimator`, as optax's
+transformations): ``init(rng_key, centre, model_args, model_kwargs)`` gives its state,
+``estimate(state, position, rng_key, model_args, model_kwargs)`` returns ``(ĝ, state)`` with
+``ĝ(θ)`` an unbiased estimate of the average gradient ``-∇U(θ)/n`` as a dict over the
+unconstrained sites. The batch is a deterministic function of the state and the key, so two
+calls with the same state and key see the same batch.
 
-.. math::
+* :func:`minibatch`: ``ĝ(θ) = -∇Ũ(θ)/n``, NumPyro scaling the batch by ``n_p / b_p``,
 
-    \\hat g(\\theta) = \\tfrac{1}{n}\\nabla\\log p_0(\\theta)
-                     + \\tfrac{1}{b}\\textstyle\\sum_{i\\in B}\\nabla l(\\theta; X_i),
+  .. math::
 
-and the control-variate ("SGLD-FP", fixed-point) estimate around a centre ``θ̂`` is
+      \\hat g(\\theta) = \\tfrac{1}{n}\\nabla\\log p_0(\\theta)
+                       + \\tfrac{1}{b}\\textstyle\\sum_{i\\in B}\\nabla l(\\theta; X_i);
 
-.. math::
+* :func:`control_variates` wraps any estimator: around a centre ``θ̂``
 
-    \\hat g_{cv}(\\theta) = \\hat g(\\theta) - \\hat g(\\hat\\theta) + \\bar g(\\hat\\theta),
+  .. math::
 
-the same batch ``B`` in both minibatch terms and ``ḡ(θ̂) = -∇U(θ̂)/n`` the full-data average
-gradient, computed once by :func:`full_data_gradient`. (The prior terms of the first two
-cancel, which gives the formula of §1.) Reference: Baker, Fearnhead, Fox, Nemeth (2019),
-"Control variates for stochastic gradient MCMC".
+      \\hat g_{cv}(\\theta) = \\hat g(\\theta) - \\hat g(\\hat\\theta) + \\bar g(\\hat\\theta),
+
+  the same batch in both terms and ``ḡ(θ̂) = -∇U(θ̂)/n`` the full-data gradient, computed once
+  at ``init`` (:func:`full_data_gradient`); the prior terms cancel, which gives the formula of
+  §1 (Baker, Fearnhead, Fox & Nemeth 2019, "Control variates for stochastic gradient MCMC").
+
+The data-parallel estimator over sharded data is :func:`numpyro_sgmc.sharding.minibatch`,
+which :func:`control_variates` wraps the same way.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Callable, NamedTuple, Optional
+from functools import partial
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from numpyro_sgmc.subsample import Batch, num_data
+from numpyro_sgmc.batches import batch_sampler
+from numpyro_sgmc.model import ModelSpec, chunked_batches, potential, split_args
 
-__all__ = ["Centre", "control_variate_gradient", "full_data_gradient", "minibatch_gradient"]
+__all__ = [
+    "Centre",
+    "ControlVariateState",
+    "Estimator",
+    "batch_gradient",
+    "control_variates",
+    "exact_gradient",
+    "full_data_gradient",
+    "minibatch",
+]
+
+
+class Estimator(NamedTuple):
+    """``init(rng_key, centre, model_args, model_kwargs) -> state``;
+    ``estimate(state, position, rng_key, model_args, model_kwargs) -> (ĝ, state)``."""
+
+    init: Callable
+    estimate: Callable
 
 
 class Centre(NamedTuple):
@@ -48,87 +71,131 @@ class Centre(NamedTuple):
     gradient: dict
 
 
-def minibatch_gradient(potential_fn: Callable, n: int) -> Callable:
-    """The plain minibatch estimator ``ĝ(θ) = -∇Ũ(θ)/n``.
+class ControlVariateState(NamedTuple):
+    """State of :func:`control_variates`: the wrapped estimator's state and the centre."""
 
-    :return: ``estimate(position, batch, model_args, model_kwargs, centre) -> ĝ``
-        (``centre`` is ignored).
-    """
-    grad_potential = jax.grad(potential_fn)
+    inner: Any
+    centre: Centre
 
-    def estimate(position, batch, model_args, model_kwargs, centre=None):
+
+def batch_gradient(spec: ModelSpec) -> Callable:
+    """``gradient(position, batch, model_args, model_kwargs) -> -∇Ũ(position)/n`` on ``batch``."""
+    n = spec.num_data
+    grad_potential = jax.grad(
+        lambda z, batch, args, kwargs: potential(spec, z, batch, args, kwargs)
+    )
+
+    def gradient(position, batch, model_args, model_kwargs):
         grad = grad_potential(position, batch, model_args, model_kwargs)
         return jax.tree.map(lambda g: -g / n, grad)
 
-    return estimate
+    return gradient
 
 
-def control_variate_gradient(potential_fn: Callable, n: int) -> Callable:
-    """The control-variate estimator ``ĝ(θ) - ĝ(θ̂) + ḡ(θ̂)`` around ``centre``.
+def minibatch(spec: ModelSpec, batch_sampling: str = "with_replacement") -> Estimator:
+    """The minibatch estimator ``ĝ(θ) = -∇Ũ(θ)/n``, batches drawn by ``batch_sampling``
+    (:mod:`~numpyro_sgmc.batches`, O(b) per step). Its state is the batch sampler's."""
+    sampler = batch_sampler(spec.plates, batch_sampling)
+    gradient = batch_gradient(spec)
 
-    Both minibatch gradients share the batch and are computed in one vectorised pass.
+    def init(rng_key, centre, model_args, model_kwargs):
+        return sampler.init(rng_key)
 
-    :return: ``estimate(position, batch, model_args, model_kwargs, centre) -> ĝ_cv``.
+    def estimate(state, position, rng_key, model_args, model_kwargs):
+        batch, state = sampler.draw(state, rng_key)
+        return gradient(position, batch, model_args, model_kwargs), state
+
+    return Estimator(init, estimate)
+
+
+def control_variates(estimator: Estimator, full_gradient: Callable) -> Estimator:
+    """``ĝ(θ) - ĝ(θ̂) + ḡ(θ̂)`` around the centre given to ``init`` (module docstring).
+
+    :param estimator: any :class:`Estimator`; both of its evaluations share one batch and run
+        as one vectorised pass.
+    :param full_gradient: ``full_gradient(position, model_args, model_kwargs) -> -∇U/n``,
+        exact (e.g. :func:`full_data_gradient`), evaluated once at ``init``.
     """
-    grad_potential = jax.grad(potential_fn)
-    both_grads = jax.vmap(grad_potential, in_axes=(0, None, None, None))
 
-    def estimate(position, batch, model_args, model_kwargs, centre: Centre):
-        stacked = jax.tree.map(lambda a, b: jnp.stack([a, b]), position, centre.position)
-        grads = both_grads(stacked, batch, model_args, model_kwargs)
-        return jax.tree.map(lambda g, g0: (g[1] - g[0]) / n + g0, grads, centre.gradient)
+    def init(rng_key, centre, model_args, model_kwargs):
+        gradient = full_gradient(centre, model_args, model_kwargs)
+        inner = estimator.init(rng_key, centre, model_args, model_kwargs)
+        return ControlVariateState(inner, Centre(centre, gradient))
 
-    return estimate
+    def estimate(state, position, rng_key, model_args, model_kwargs):
+        both = jax.tree.map(lambda a, b: jnp.stack([a, b]), position, state.centre.position)
+        grads, inner = jax.vmap(estimator.estimate, (None, 0, None, None, None), (0, None))(
+            state.inner, both, rng_key, model_args, model_kwargs
+        )
+        g = jax.tree.map(lambda g, g0: g[0] - g[1] + g0, grads, state.centre.gradient)
+        return g, state._replace(inner=inner)
+
+    return Estimator(init, estimate)
 
 
 def full_data_gradient(
-    potential_fn: Callable,
-    plates: dict,
+    spec: ModelSpec,
     position: dict,
     model_args: tuple,
     model_kwargs: dict,
     chunk_size: int = 65536,
     axis_name: Optional[str] = None,
+    rows: Optional[tuple] = None,
 ) -> dict:
     """The exact full-data average gradient ``-∇U(θ)/n``, in chunks of at most ``chunk_size``.
 
-    Every plate is split into the same number ``C`` of contiguous chunks (the last one padded
-    with weight-0 indices); chunk ``c`` is evaluated with each datum weighted 1 and the prior
-    weighted ``1/C`` (:class:`~numpyro_sgmc.subsample.weight_data`), so the chunk gradients
-    sum to the full gradient exactly. Memory is O(chunk_size) whatever ``n``.
+    Every plate is split into the same number ``C`` of contiguous chunks (the last padded with
+    weight-0 rows); chunk ``c`` is evaluated with each datum weighted 1 and the prior weighted
+    ``1/C`` (:func:`~numpyro_sgmc.model.chunked_batches`), so the chunk gradients sum to the
+    full gradient exactly. Memory is O(chunk_size) whatever ``n``.
 
     :param str axis_name: ``None`` on one device. Otherwise this runs on one shard inside
-        :func:`jax.shard_map` over that mesh axis of ``D`` shards (:mod:`~numpyro_sgmc.sharding`):
-        ``plates`` are the shard's (``n_p/D`` rows each), its chunks weight the prior
-        ``1/(CD)``, and the shards' sums are added with :func:`jax.lax.psum`, so every shard
-        returns the full-data gradient over all ``n = D·Σ_p n_p/D`` rows, the prior counted
-        once.
+        :func:`jax.shard_map` over that mesh axis of ``D`` shards
+        (:mod:`~numpyro_sgmc.sharding`): ``rows`` are the shard's plates (``n_p/D`` rows), its
+        chunks weight the prior ``1/(CD)``, and the shards' sums are added with
+        :func:`jax.lax.psum`, so every shard returns the gradient over all rows, the prior
+        counted once.
+    :param tuple rows: the plates to sum over; default ``spec.plates`` (all rows).
     """
+    _, total = _full_data_sums(
+        spec, position, model_args, model_kwargs, chunk_size, axis_name, rows
+    )
+    return jax.tree.map(lambda g: -g / spec.num_data, total)
+
+
+def _full_data_sums(
+    spec, position, model_args, model_kwargs, chunk_size, axis_name=None, rows=None
+):
+    """``(U(θ), ∇U(θ))`` over all rows, chunk by chunk (:func:`full_data_gradient`)."""
     num_shards = 1 if axis_name is None else lax.axis_size(axis_name)
-    n = num_data(plates) * num_shards
-    num_chunks = max(math.ceil(p.size / chunk_size) for p in plates.values())
-    lengths = {name: math.ceil(p.size / num_chunks) for name, p in plates.items()}
-    grad_potential = jax.grad(potential_fn)
-
-    def chunk_gradient(c):
-        indices, weights = {}, {}
-        for name, p in plates.items():
-            idx = c * lengths[name] + jnp.arange(lengths[name])
-            valid = idx < p.size
-            indices[name] = jnp.where(valid, idx, 0)
-            weights[name] = valid.astype(jnp.result_type(float))
-        batch = Batch(indices, weights, 1.0 / (num_chunks * num_shards))
-        return grad_potential(position, batch, model_args, model_kwargs)
-
+    rows = spec.plates if rows is None else rows
+    num_chunks, batch_of = chunked_batches(rows, chunk_size, num_shards)
+    value_and_grad = jax.value_and_grad(
+        lambda z, batch: potential(spec, z, batch, model_args, model_kwargs)
+    )
     if num_chunks == 1:
-        total = chunk_gradient(0)
+        total = value_and_grad(position, batch_of(0))
     else:
 
         def body(acc, c):
-            return jax.tree.map(jnp.add, acc, chunk_gradient(c)), None
+            return jax.tree.map(jnp.add, acc, value_and_grad(position, batch_of(c))), None
 
-        zeros = jax.tree.map(jnp.zeros_like, position)
+        zeros = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, position))
         total, _ = lax.scan(body, zeros, jnp.arange(num_chunks))
     if axis_name is not None:
         total = lax.psum(total, axis_name)
-    return jax.tree.map(lambda g: -g / n, total)
+    return total
+
+
+@partial(jax.jit, static_argnames=("spec", "structure", "chunk_size"))
+def _exact(spec, structure, chunk_size, position, arrays):
+    args, kwargs = structure.rebuild(arrays)
+    value, total = _full_data_sums(spec, position, args, kwargs, chunk_size)
+    return value, jax.tree.map(lambda g: -g / spec.num_data, total)
+
+
+def exact_gradient(spec: ModelSpec, position: dict, model_args, model_kwargs, chunk_size=65536):
+    """``(U(θ), -∇U(θ)/n)``: the full-data potential and :func:`full_data_gradient`, compiled
+    once per model and data shapes (the data passed as arguments)."""
+    arrays, structure = split_args(model_args, model_kwargs)
+    return _exact(spec, structure, int(chunk_size), position, arrays)

@@ -1,4 +1,4 @@
-"""A progress bar in epochs, driven from inside the compiled sampling loop.
+"""A progress bar in epochs, and Ctrl-C as a request to stop a run and keep its draws.
 
 NumPyro's own single-chain progress bar returns to Python after every draw, and with
 ``MCMC(jit_model_args=True)`` each of those calls copies the model arguments (the data), so
@@ -10,11 +10,27 @@ iteration counter crosses one of ``updates`` evenly spaced marks: a run pays abo
 It counts passes over the data, ``epochs = iterations · b / n`` (``b`` the rows drawn per
 iteration over all subsample plates), and shows the rate and the time left (ETA) of a run of
 ``num_draws`` draws, warm-up included.
+
+**Interruption.** A compiled loop does not return to Python until it ends, so Python's
+``KeyboardInterrupt`` waits for the whole run and then loses it. While a run of this library
+is going, Ctrl-C (SIGINT) is instead a request to stop (:data:`interrupts`): the handler, and
+where Python's signal wake-up descriptor is free a socket that the C-level handler writes to
+at once, set a flag that the run reads between its chunks (:func:`~numpyro_sgmc.run_kernel`)
+or, inside ``MCMC.run``'s single compiled loop, at a host check about every
+``CHECK_SECONDS`` (0.2 s) of sampling (:class:`RunWatch`: the interval in iterations adapts to
+the measured speed, so a run pays a few host round-trips a second, none per step). Outside a
+run, Ctrl-C raises ``KeyboardInterrupt`` as before, and a second Ctrl-C during a stopping
+run does too.
 """
 
 from __future__ import annotations
 
+import signal
+import socket
 import threading
+import time
+import warnings
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +38,12 @@ import numpy as np
 from jax import lax
 from tqdm.auto import tqdm
 
-__all__ = ["EpochProgress"]
+from numpyro_sgmc.diagnostics import InterruptWarning
+
+__all__ = ["CHECK_SECONDS", "EpochProgress", "RunWatch", "interrupts"]
+
+CHECK_SECONDS = 0.2  # sampling time between the host checks of an MCMC run
+_GRACE = 1.0  # seconds after a check (or arming) during which a run counts as going
 
 _BAR_FORMAT = (
     "{desc}{percentage:3.0f}%|{bar}| {n:.2f}/{total:.2f} epochs [{elapsed}<{remaining}, {rate_fmt}]"
@@ -92,7 +113,219 @@ class EpochProgress:
             if i == self.total_iterations:
                 self._close()
 
+    def advance(self, i):
+        """Host side: move the bar to iteration ``i`` (a run driven from Python, chunk by
+        chunk, calls this between chunks instead of :meth:`report`)."""
+        self._update(i)
+
+    def close(self):
+        """Close the bar where it is (a run that stopped before its end)."""
+        with self._lock:
+            self._close()
+
     def _close(self):
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+class _Interrupts:
+    """Ctrl-C (SIGINT) as a request to stop the runs of this library (module docstring).
+
+    Process-wide (:data:`interrupts`). :meth:`arm` installs the handler from the main thread
+    (elsewhere it does nothing: Python only handles signals there); outside a run the handler
+    passes the signal to the one it replaced.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._handler = self._handle  # one bound method, to recognise it as installed
+        self._previous = None
+        self._socket = None  # (reader, writer) behind signal.set_wakeup_fd, when it was free
+        self._requested = False
+        self._consumed = 0  # Ctrl-Cs a run acted on before Python's handler ran
+        self._active = 0  # runs driven from Python (run_kernel) going now
+        self._alive_until = 0.0
+
+    def arm(self) -> bool:
+        """Install the handler (main thread only) and clear any earlier request.
+
+        :return: whether this call installed it (and :meth:`disarm` should remove it).
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        with self._lock:
+            self._drain()
+            self._requested, self._consumed = False, 0
+            self._alive_until = time.monotonic() + _GRACE
+        if self.installed():
+            return False
+        self._previous = signal.signal(signal.SIGINT, self._handler)
+        reader, writer = socket.socketpair()
+        reader.setblocking(False)
+        writer.setblocking(False)
+        if signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False) == -1:
+            self._socket = (reader, writer)
+        else:  # an event loop owns the wake-up descriptor: give it back, use the handler only
+            signal.set_wakeup_fd(-1)
+            reader.close()
+            writer.close()
+        return True
+
+    def installed(self) -> bool:
+        """Whether the handler is the process's SIGINT handler now."""
+        return signal.getsignal(signal.SIGINT) is self._handler
+
+    def disarm(self):
+        """Put back the handler (and wake-up descriptor) :meth:`arm` replaced."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if self.installed():
+            signal.signal(signal.SIGINT, self._previous)
+        if self._socket is not None:
+            signal.set_wakeup_fd(-1)
+            for end in self._socket:
+                end.close()
+            self._socket = None
+
+    def poll(self) -> bool:
+        """Whether a stop was requested (any thread; reads the wake-up socket)."""
+        with self._lock:
+            seen = self._drain()
+            if seen:
+                self._requested = True
+                self._consumed += seen
+            self._alive_until = time.monotonic() + _GRACE
+            return self._requested
+
+    def start(self):
+        """A run driven from Python begins: every Ctrl-C until :meth:`stop` is a request."""
+        with self._lock:
+            self._active += 1
+
+    def stop(self):
+        with self._lock:
+            self._active -= 1
+
+    def _drain(self) -> int:
+        if self._socket is None:
+            return 0
+        seen = 0
+        while True:
+            try:
+                data = self._socket[0].recv(256)
+            except (BlockingIOError, InterruptedError):
+                return seen
+            if not data:
+                return seen
+            seen += data.count(bytes([signal.SIGINT]))
+
+    def _handle(self, signum, frame):
+        with self._lock:
+            self._drain()
+            if self._consumed:  # a run already stopped for this Ctrl-C
+                self._consumed = 0
+                return
+            going = self._active > 0 or time.monotonic() < self._alive_until
+            if going and not self._requested:
+                self._requested = True
+                return
+        previous = self._previous
+        if previous is signal.SIG_IGN:
+            return
+        if callable(previous):
+            previous(signum, frame)
+            return
+        raise KeyboardInterrupt
+
+
+interrupts = _Interrupts()
+"""The process's Ctrl-C handling for runs of this library (``_Interrupts``)."""
+
+
+class RunWatch:
+    """The host check inside an ``MCMC.run`` of one kernel: stop on Ctrl-C, keep the draws.
+
+    :meth:`guard` wraps a draw: every ``next_check`` iterations (in the state) a
+    :func:`jax.pure_callback` asks :data:`interrupts` whether to stop, and sets the next check
+    about ``CHECK_SECONDS`` of sampling later at the speed measured since the last one.
+    Once stopped, every later draw of the run is skipped (the state is returned unchanged,
+    with ``interrupted`` set, which ``MCMC`` collects per draw), so the loop runs to its end at
+    once and ``MCMC.run`` returns the draws made so far.
+
+    :param str kernel_name: for the message.
+    :param int num_steps: iterations per draw.
+    :param int num_warmup: warm-up draws of the run.
+    :param on_stop: called on the host when the run stops (closes a progress bar).
+    """
+
+    def __init__(self, kernel_name, num_steps, num_warmup, on_stop: Optional[Callable] = None):
+        self.kernel_name = kernel_name
+        self.num_steps = int(num_steps)
+        self.num_warmup = int(num_warmup)
+        self.on_stop = on_stop
+        self._lock = threading.Lock()
+        self._last = {}  # thread -> (time, iteration, interval): parallel chains check apart
+        self._stopped = False
+
+    def check(self, i):
+        """Host callback: ``(stop, next_check)`` at iteration ``i`` of the first chain."""
+        i, now = int(i), time.monotonic()
+        with self._lock:
+            last = self._last.get(threading.get_ident())
+            if last is None or i <= last[1]:  # a new run, or the next chain of a sequential one
+                interval = self.num_steps
+            else:
+                rate = (i - last[1]) / max(now - last[0], 1e-6)
+                interval = min(int(rate * CHECK_SECONDS), 8 * last[2], 2**30)
+                interval = max(self.num_steps, interval)
+            self._last[threading.get_ident()] = (now, i, interval)
+            stop = interrupts.poll()
+            report, self._stopped = stop and not self._stopped, self._stopped or stop
+        if report:
+            draws = i // self.num_steps
+            warnings.warn(
+                f"{self.kernel_name}: interrupted (Ctrl-C) at iteration {i}, after {draws} "
+                f"draws ({min(draws, self.num_warmup)} of them warm-up, "
+                f"{max(0, draws - self.num_warmup)} after it). The rest of the run is skipped: "
+                "each remaining draw repeats the last state and is flagged in the "
+                "'interrupted' field, and MCMC.run returns. "
+                "numpyro_sgmc.completed_samples(mcmc) gives the draws made; "
+                "numpyro_sgmc.run_kernel runs in chunks and can continue a run.",
+                InterruptWarning,
+                stacklevel=2,
+            )
+            if self.on_stop is not None:
+                self.on_stop()
+        return np.bool_(stop), np.int32(min(i + interval, 2**31 - 1))
+
+    def guard(self, sample: Callable) -> Callable:
+        """``sample(state, args, kwargs)`` with the host check and the skip after a stop.
+
+        Traced; the state's ``i``, ``next_check`` and ``interrupted`` may carry a leading
+        chain axis (the first chain's are read: vectorised chains run in lockstep). The
+        check's conditional is on scalars; the draw runs in a second one, whose other branch
+        (taken once stopped) returns the state as it is.
+        """
+
+        def run(state, model_args, model_kwargs):
+            i = jnp.ravel(state.i)[0]
+            due = jnp.ravel(state.next_check)[0]
+            stopped = jnp.ravel(state.interrupted)[0]
+            out = (jax.ShapeDtypeStruct((), jnp.bool_), jax.ShapeDtypeStruct((), jnp.int32))
+
+            def ask(i):
+                return jax.pure_callback(self.check, out, i, vmap_method="sequential")
+
+            stop, due = lax.cond((i >= due) & ~stopped, ask, lambda i: (stopped, due), i)
+
+            def skip(state):
+                return state._replace(diverging=jnp.zeros_like(state.diverging))
+
+            new = lax.cond(stop, skip, lambda s: sample(s, model_args, model_kwargs), state)
+            return new._replace(
+                interrupted=jnp.broadcast_to(stop, jnp.shape(state.interrupted)),
+                next_check=jnp.broadcast_to(due, jnp.shape(state.next_check)),
+            )
+
+        return run

@@ -1,30 +1,63 @@
-"""Run a kernel in one compiled loop whose only copy of the data is the caller's.
+"""Run a kernel in compiled chunks whose only copy of the data is the caller's.
 
 ``numpyro.infer.MCMC`` is the way to run the kernels, but for data that fill the machine it
-costs a second copy of them: with ``jit_model_args=True`` its compiled loop carries the model
-arguments and returns them with the last state, so XLA writes them to a fresh buffer (a
-transient copy of the whole data set, measured here at 1.0× the data); with
-``jit_model_args=False`` it compiles them into the loop as constants (compile time and memory
-growing with ``n``). :func:`run_kernel` takes the data as arguments of one jitted function and
-never returns them, so a run needs the data once plus O(draws · d).
+costs a second copy of them: with ``jit_model_args=True`` its compiled loop returns the model
+arguments with the last state (a transient copy of the whole data set); with
+``jit_model_args=False`` it compiles them into the loop as constants. :func:`run_kernel` takes
+the data as arguments of one compiled function and never returns them, so a run needs the
+data once plus O(draws · d). The function is a module-level function of the kernel's static
+description, so a second run with data of the same shapes compiles nothing.
 
-It runs the same ``kernel.init`` and ``kernel.sample`` as ``MCMC`` (so, for the same key, the
-same chain), vectorised over ``num_chains`` chains, and returns a :class:`KernelRun` whose
-``get_samples`` matches ``MCMC.get_samples`` (so :func:`~numpyro_sgmc.check_run` takes it).
+It runs the same ``kernel.init`` and draws as ``MCMC`` (for the same key, the same chain),
+vectorised over ``num_chains`` chains, and returns a :class:`KernelRun` whose ``get_samples``
+matches ``MCMC.get_samples`` (so :func:`~numpyro_sgmc.check_run` takes it).
+
+**Chunks.** The compiled function runs a given number of draws, so the run is a Python loop
+over chunks of about ``CHUNK_SECONDS`` (0.25 s) each (the number of draws per chunk follows the
+measured speed; the draws do not depend on it). Between two chunks Python can act:
+
+* Ctrl-C stops the run within about a chunk and returns the draws made so far
+  (``run.interrupted``), with an :class:`~numpyro_sgmc.diagnostics.InterruptWarning` that
+  says how many;
+* ``previous=run`` continues a run where it stopped: the continued run's draws are those of
+  one long run for the same key;
+* ``checkpoint=directory`` writes the state and the draws there every ``checkpoint_every``
+  kept draws, so that a killed process loses at most that many; :func:`load_run` reads them
+  back, to be continued.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import json
+import math
+import os
+import time
+from functools import partial
+from typing import Any, NamedTuple, Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax, random
 
-from numpyro_sgmc.kernels.base import SGMCKernel
-from numpyro_sgmc.subsample import split_args
+from numpyro_sgmc import validation
+from numpyro_sgmc.diagnostics import (
+    DivergenceWarning,
+    InterruptWarning,
+    divergence_message,
+    warn,
+)
+from numpyro_sgmc.kernels.core import draw
+from numpyro_sgmc.kernels.shell import SGMCKernel
+from numpyro_sgmc.model import constrain, split_args, total_batch
+from numpyro_sgmc.progress import EpochProgress, interrupts
 
-__all__ = ["KernelRun", "run_kernel"]
+__all__ = ["CHUNK_SECONDS", "KernelRun", "completed_samples", "load_run", "run_kernel"]
+
+CHUNK_SECONDS = 0.25  # sampling time per compiled chunk: the delay of a Ctrl-C
+_CHUNK_ROWS = 2**14  # kept draws held on the device per chunk at most
+_CHUNK_BYTES = 2**23  # and at most this many bytes of them (8 MB)
+_FORMAT = 1  # of a checkpoint directory
 
 
 class KernelRun(NamedTuple):
@@ -35,12 +68,35 @@ class KernelRun(NamedTuple):
         ``num_chains > 1``).
     :param num_diverging: ``(num_chains,)`` rejected iterations per chain.
     :param int thinning: draws per kept draw (as ``MCMC.thinning``).
+    :param sampler: the kernel that ran (as ``MCMC.sampler``).
+    :param tuple model_args: the data it ran on; ``model_kwargs`` the keyword arguments
+        (what :func:`~numpyro_sgmc.check_run` recomputes the information from).
+    :param int num_warmup: the warm-up draws the run asked for.
+    :param int num_draws: draws made, warm-up included (of every chain).
+    :param bool interrupted: whether Ctrl-C stopped it before the draws it asked for.
+    :param config: the kernel's static description, which a continuation runs.
     """
 
     samples: dict
     last_state: Any
     num_diverging: np.ndarray
     thinning: int = 1
+    sampler: Any = None
+    model_args: tuple = ()
+    model_kwargs: dict = {}
+    num_warmup: int = 0
+    num_draws: int = 0
+    interrupted: bool = False
+    config: Any = None
+
+    @property
+    def num_samples(self) -> int:
+        """Kept draws per chain."""
+        return int(next(iter(self.samples.values())).shape[1]) if self.samples else 0
+
+    @property
+    def num_chains(self) -> int:
+        return int(np.size(self.num_diverging))
 
     def get_samples(self, group_by_chain: bool = False) -> dict:
         """The draws, as ``MCMC.get_samples``: chains concatenated unless ``group_by_chain``."""
@@ -49,11 +105,38 @@ class KernelRun(NamedTuple):
         return {k: v.reshape((-1,) + v.shape[2:]) for k, v in self.samples.items()}
 
 
-def _check_count(name, value, smallest):
-    if not (isinstance(value, (int, np.integer)) and not isinstance(value, bool)):
-        raise TypeError(f"{name} must be an int, got {value!r}.")
-    if value < smallest:
-        raise ValueError(f"{name} must be at least {smallest}, got {value}.")
+@partial(
+    jax.jit,
+    static_argnames=("build", "config", "structure", "num_steps", "batched", "size"),
+)
+def _chunk(
+    build, config, structure, num_steps, batched, size, state, num_warmup, num_kept, thinning,
+    arrays,
+):  # fmt: skip
+    """``num_warmup`` draws, then ``num_kept`` kept draws (each the last of ``thinning``
+    draws), constrained, in the first rows of a buffer of ``size`` rows. The counts are
+    arguments, not constants: one compilation serves every chunk and every run of a kernel
+    on data of the same shapes."""
+    args, kwargs = structure.rebuild(arrays)
+    one = draw(build(config), num_steps)
+    step = jax.vmap(one, (0, None, None)) if batched else one
+
+    def postprocess(z):
+        values = partial(constrain, config.spec, model_args=args, model_kwargs=kwargs)
+        values = partial(values, exclude=config.exclude)
+        return jax.vmap(values)(z) if batched else values(z)
+
+    state = lax.fori_loop(0, num_warmup, lambda _, s: step(s, args, kwargs), state)
+    shapes = jax.eval_shape(postprocess, state.z)
+    buffer = jax.tree.map(lambda x: jnp.zeros((size,) + x.shape, x.dtype), shapes)
+
+    def keep(k, carry):
+        state, buffer = carry
+        state = lax.fori_loop(0, thinning, lambda _, s: step(s, args, kwargs), state)
+        value = postprocess(state.z)
+        return state, jax.tree.map(lambda b, v: b.at[k].set(v), buffer, value)
+
+    return lax.fori_loop(0, num_kept, keep, (state, buffer))
 
 
 def run_kernel(
@@ -66,25 +149,40 @@ def run_kernel(
     num_chains: int = 1,
     init_params=None,
     progress_bar: bool = False,
-    **model_kwargs,
+    model_kwargs=None,
+    previous: Optional[KernelRun] = None,
+    checkpoint=None,
+    checkpoint_every: Optional[int] = None,
 ) -> KernelRun:
-    """Run ``kernel`` for ``num_warmup + num_samples · thinning`` draws in one compiled loop.
+    """Run ``kernel`` for ``num_warmup + num_samples · thinning`` draws in compiled chunks.
 
     The arguments mean what they mean for ``numpyro.infer.MCMC`` and its ``run``; each draw is
-    ``kernel.num_steps`` iterations of the update.
+    ``kernel.num_steps`` iterations of the update. Ctrl-C stops the run within about
+    ``CHUNK_SECONDS`` (0.25 s) and returns the draws made so far (module docstring).
 
-    :param kernel: a kernel of this package (SGLD, SGLDFP, SGD, SGHMC, AdaSGHMC or one
+    :param kernel: a kernel of this package (SGLD, SGLDFP, SGD, SGHMC, AdaSGHMC, or one
         returned by :func:`~numpyro_sgmc.autotune`).
     :param rng_key: PRNG key; chain ``k`` uses ``random.split(rng_key, num_chains)[k]``.
-    :param model_args: the model's data, passed to the compiled loop as arguments.
-    :param int num_samples: draws kept.
+        ``None`` with ``previous``.
+    :param model_args: the model's data, passed to the compiled chunks as arguments (pandas
+        objects, lists and NumPy arrays are converted once,
+        ``numpyro_sgmc.validation.as_arrays``).
+    :param int num_samples: draws kept (by this call).
     :param int num_warmup: draws run first and not kept.
     :param int thinning: keep every ``thinning``-th draw.
     :param int num_chains: chains, vectorised in one loop.
     :param init_params: as for ``MCMC.run`` (a dict, or a :class:`~numpyro_sgmc.ChainInit`).
     :param bool progress_bar: show the kernel's epoch progress bar
-        (:class:`~numpyro_sgmc.progress.EpochProgress`: about 100 updates in all).
-    :param model_kwargs: the model's keyword arguments.
+        (:class:`~numpyro_sgmc.progress.EpochProgress`), moved after every chunk.
+    :param dict model_kwargs: the model's keyword arguments.
+    :param previous: a :class:`KernelRun` of this kernel to continue (its last state, the
+        rest of its warm-up, its thinning and chains) on data of the same shapes: the result
+        holds its draws followed by ``num_samples`` more, the draws of one long run.
+    :param checkpoint: a directory to write the state and the draws to (created if needed);
+        :func:`load_run` reads it back.
+    :param int checkpoint_every: kept draws between two checkpoints (with ``checkpoint``);
+        also one at the end of warm-up and every ``checkpoint_every · thinning`` warm-up
+        draws.
     :return: a :class:`KernelRun`.
     """
     if not isinstance(kernel, SGMCKernel):
@@ -92,41 +190,376 @@ def run_kernel(
             f"run_kernel runs the kernels of numpyro_sgmc, got {type(kernel).__name__}; run "
             "other kernels with numpyro.infer.MCMC."
         )
-    _check_count("num_samples", num_samples, 1)
-    _check_count("num_warmup", num_warmup, 0)
-    _check_count("thinning", thinning, 1)
-    _check_count("num_chains", num_chains, 1)
-    previous = kernel.progress_draws
-    if progress_bar:
-        kernel.progress_draws = num_warmup + num_samples * thinning
+    num_samples = validation.nonnegative_int("num_samples", num_samples)
+    if previous is None and num_samples < 1:
+        raise ValueError("num_samples must be at least 1, got 0.")
+    num_warmup = validation.nonnegative_int("num_warmup", num_warmup)
+    thinning = validation.positive_int("thinning", thinning)
+    num_chains = validation.positive_int("num_chains", num_chains)
+    if not isinstance(progress_bar, (bool, np.bool_)):
+        raise TypeError(f"progress_bar must be True or False, got {progress_bar!r}.")
+    if (checkpoint is None) != (checkpoint_every is None):
+        raise ValueError(
+            "checkpoint (a directory) and checkpoint_every (kept draws between two "
+            "checkpoints) go together; pass both or neither."
+        )
+    if checkpoint is not None:
+        checkpoint = os.fspath(checkpoint)
+        checkpoint_every = validation.positive_int("checkpoint_every", checkpoint_every)
+    model_args, model_kwargs = validation.as_arrays(kernel._model, model_args, model_kwargs)
+    owned = not interrupts.installed()  # kernel.init installs the Ctrl-C handler for MCMC
     try:
-        keys = rng_key if num_chains == 1 else random.split(rng_key, num_chains)
-        init_state = kernel.init(keys, num_warmup, init_params, model_args, model_kwargs)
-        data, rebuild = split_args(model_args, model_kwargs)
-
-        @jax.jit
-        def loop(state, data):
-            args, kwargs = rebuild(data)
-            postprocess = kernel.postprocess_fn(args, kwargs)  # the data as arguments here too
-
-            def draw(state, _):
-                return kernel.sample(state, args, kwargs), None
-
-            state, _ = lax.scan(draw, state, length=num_warmup)
-
-            def keep(state, _):
-                state, _ = lax.scan(draw, state, length=thinning)
-                z = getattr(state, kernel.sample_field)
-                return state, (postprocess(z) if num_chains == 1 else jax.vmap(postprocess)(z))
-
-            return lax.scan(keep, state, length=num_samples)
-
-        last_state, samples = loop(init_state, data)
+        if previous is None:
+            run = _start(kernel, rng_key, model_args, model_kwargs, num_warmup, thinning,
+                         num_chains, init_params)  # fmt: skip
+        else:
+            given = dict(num_warmup=num_warmup, thinning=thinning, num_chains=num_chains)
+            run = _continued(kernel, rng_key, previous, model_args, model_kwargs, given,
+                             init_params)  # fmt: skip
+        arrays, structure = split_args(model_args, model_kwargs)
+        # NumPy data reach the device once, not once per chunk
+        arrays = tuple(jax.device_put(a) if isinstance(a, np.ndarray) else a for a in arrays)
+        return _sample(kernel, run, structure, arrays, num_samples, progress_bar, checkpoint,
+                       checkpoint_every)  # fmt: skip
     finally:
-        kernel.progress_draws = previous
-    samples = jax.tree.map(
-        lambda x: np.asarray(x)[None] if num_chains == 1 else np.swapaxes(np.asarray(x), 0, 1),
-        samples,
+        if owned:
+            interrupts.disarm()
+
+
+def _start(kernel, rng_key, model_args, model_kwargs, num_warmup, thinning, num_chains, init):
+    """A :class:`KernelRun` of no draws at the kernel's initial state."""
+    if rng_key is None:
+        raise TypeError("rng_key must be a PRNG key (None only with previous=...).")
+    keys = rng_key if num_chains == 1 else random.split(rng_key, num_chains)
+    state = kernel.init(keys, num_warmup, init, model_args, model_kwargs)
+    return KernelRun(
+        {}, state, np.zeros(num_chains, np.int64), thinning, kernel, tuple(model_args),
+        model_kwargs, num_warmup, 0, False, kernel._config,
+    )  # fmt: skip
+
+
+def _continued(kernel, rng_key, previous, model_args, model_kwargs, given, init_params):
+    """``previous`` checked as the start of a continuation on these data."""
+    if not isinstance(previous, KernelRun):
+        raise TypeError(f"previous must be a KernelRun, got {type(previous).__name__}.")
+    if previous.sampler is not kernel:
+        raise ValueError("previous was run by another kernel: continue it with its own.")
+    if rng_key is not None:
+        raise ValueError(
+            "A continuation draws its randomness from previous.last_state: pass rng_key=None "
+            "(a different key would not give the draws of one long run)."
+        )
+    settings = dict(num_warmup=0, thinning=previous.thinning, num_chains=previous.num_chains)
+    defaults = dict(num_warmup=0, thinning=1, num_chains=1)
+    for name, value in given.items():
+        if value not in (settings[name], defaults[name]):
+            raise ValueError(
+                f"A continuation keeps previous's {name} ({settings[name]}), got {name}={value}:"
+                " leave it out (the rest of previous's warm-up, if any, runs first)."
+            )
+    if init_params is not None:
+        raise ValueError("init_params do not apply to a continuation: it starts at previous.")
+    before, _ = split_args(previous.model_args, previous.model_kwargs)
+    now, _ = split_args(model_args, model_kwargs)
+    if [np.shape(a) for a in before] != [np.shape(a) for a in now]:
+        raise ValueError(
+            f"previous ran on data of shapes {[np.shape(a) for a in before]}; a continuation "
+            f"needs data of the same shapes, got {[np.shape(a) for a in now]}."
+        )
+    return previous._replace(model_args=tuple(model_args), model_kwargs=model_kwargs)
+
+
+class _Schedule:
+    """Draws per chunk: one first (compilation), then what takes :data:`CHUNK_SECONDS` at
+    the speed of the last chunk, growing at most fourfold from one chunk to the next."""
+
+    def __init__(self):
+        self.units, self.timed = 1, False
+
+    def next(self, limit: int) -> int:
+        return max(1, min(self.units, limit))
+
+    def record(self, units: int, seconds: float):
+        if not self.timed:  # the first chunk compiled: its time says nothing of the speed
+            self.timed, self.units = True, 2
+            return
+        rate = units / max(seconds, 1e-6)
+        self.units = max(1, min(int(rate * CHUNK_SECONDS), 4 * self.units))
+
+
+def _sample(kernel, run, structure, arrays, num_samples, progress_bar, checkpoint, every):
+    """The chunk loop of :func:`run_kernel` from ``run``, for ``num_samples`` more kept draws:
+    the rest of the warm-up, then the kept draws, a checkpoint every ``every`` of them."""
+    config, thinning, batched = run.config, run.thinning, run.num_chains > 1
+    warmup_left = max(0, run.num_warmup - run.num_draws)
+    asked = run.num_draws + warmup_left + num_samples * thinning
+    size = _buffer_rows(config, structure, batched, run.last_state.z, arrays)
+    progress = _progress_bar(kernel, config, asked) if progress_bar else None
+    writer = None if checkpoint is None else _Checkpoint(checkpoint, kernel, run)
+    period = None if every is None else every * thinning  # draws between two checkpoints
+    state, draws = run.last_state, run.num_draws
+    parts = [run.samples] if run.samples else []
+    kept = pending = 0  # kept draws of this call; draws since the last checkpoint
+    schedule, interrupted = _Schedule(), False
+    if not interrupts.installed():  # kernel.init armed it: a Ctrl-C since then counts
+        interrupts.arm()
+    interrupts.start()
+    try:
+        while warmup_left or kept < num_samples:
+            if interrupts.poll():
+                interrupted = True
+                break
+            room = None if period is None else period - pending
+            if warmup_left:
+                n_warm, n_kept = schedule.next(min(warmup_left, room or warmup_left)), 0
+            else:
+                limit = min(num_samples - kept, size, (room or math.inf) // thinning)
+                n_warm, n_kept = 0, max(1, min(limit, schedule.next(limit * thinning) // thinning))
+            units = n_warm + n_kept * thinning
+            start = time.perf_counter()
+            state, buffer = _chunk(
+                type(kernel)._build, config, structure, kernel.num_steps, batched, size, state,
+                n_warm, n_kept, thinning, arrays,
+            )  # fmt: skip
+            jax.block_until_ready(state)
+            schedule.record(units, time.perf_counter() - start)
+            draws, pending, warmup_left = draws + units, pending + units, warmup_left - n_warm
+            if n_kept:
+                parts.append(jax.tree.map(partial(_to_host, n_kept, batched), buffer))
+                kept += n_kept
+            if progress is not None:
+                progress.advance(_first(state.i))
+            if writer is not None and (pending == period or (n_warm and not warmup_left)):
+                writer.write(state, parts, draws, finished=False)
+                pending = 0
+    finally:
+        interrupts.stop()
+        if progress is not None:
+            progress.close()
+    if writer is not None and (pending or interrupted or not parts):
+        writer.write(state, parts, draws, finished=not interrupted)
+    result = run._replace(
+        samples=_concatenate(parts),
+        last_state=state,
+        num_diverging=np.atleast_1d(np.asarray(state.num_diverging)),
+        num_draws=draws,
+        interrupted=interrupted,
     )
-    num_diverging = np.atleast_1d(np.asarray(last_state.num_diverging))
-    return KernelRun(samples, last_state, num_diverging, thinning)
+    _warn_divergences(kernel, run, result)
+    if interrupted:
+        warn(
+            f"run_kernel: interrupted (Ctrl-C) after {draws} of {asked} draws (warm-up "
+            f"included): the KernelRun holds the {result.num_samples} kept draws made so far "
+            "(per chain). Continue it with run_kernel(kernel, None, *run.model_args, "
+            f"num_samples={num_samples - kept}, previous=run).",
+            InterruptWarning,
+        )
+    return result
+
+
+def _first(x) -> int:
+    """The first chain's value of a per-chain counter."""
+    return int(np.ravel(np.asarray(x))[0])
+
+
+def _buffer_rows(config, structure, batched, z, arrays) -> int:
+    """Kept draws a chunk holds on the device: :data:`_CHUNK_ROWS`, or fewer where they
+    would take more than :data:`_CHUNK_BYTES` (the buffer is filled and copied to the host
+    once per chunk). It does not depend on the run's length, so that every run of a kernel
+    on data of the same shapes shares the compiled chunk."""
+
+    def constrained(z, arrays):
+        args, kwargs = structure.rebuild(arrays)
+        one = partial(constrain, config.spec, model_args=args, model_kwargs=kwargs)
+        one = partial(one, exclude=config.exclude)
+        return jax.vmap(one)(z) if batched else one(z)
+
+    shapes = jax.eval_shape(constrained, z, arrays)
+    per_draw = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(shapes))
+    return max(1, min(_CHUNK_ROWS, _CHUNK_BYTES // max(1, per_draw)))
+
+
+def _progress_bar(kernel, config, num_draws) -> EpochProgress:
+    return EpochProgress(
+        num_draws * kernel.num_steps,
+        iterations_per_epoch=config.spec.num_data / total_batch(config.spec.plates),
+        desc=f"{type(kernel).__name__} ",
+    )
+
+
+def _to_host(rows, batched, buffer):
+    """The first ``rows`` kept draws of a chunk as NumPy, chain axis first (the buffer is
+    copied whole and cut on the host: a slice on the device would compile once per length)."""
+    x = np.asarray(buffer)[:rows].copy()  # not a view that would keep the whole buffer
+    return np.swapaxes(x, 0, 1) if batched else x[None]
+
+
+def _concatenate(parts) -> dict:
+    if not parts:
+        return {}
+    return jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *parts)
+
+
+def _warn_divergences(kernel, before, after):
+    """A :class:`~numpyro_sgmc.diagnostics.DivergenceWarning` for the chains that diverged
+    for the first time in this call."""
+    new = (after.num_diverging > 0) & (np.atleast_1d(before.num_diverging) == 0)
+    if not np.any(new):
+        return
+    first = np.atleast_1d(np.asarray(after.last_state.divergence_iteration))[new]
+    warn(
+        divergence_message(
+            type(kernel).__name__,
+            kernel._step_size_label(),
+            int(np.min(first)),
+            int(np.sum(new)),
+            kernel.num_steps,
+        ),
+        DivergenceWarning,
+    )
+
+
+# ---- checkpoints --------------------------------------------------------------------------
+
+
+def _host_leaf(x) -> np.ndarray:
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        return np.asarray(random.key_data(x))
+    return np.asarray(x)
+
+
+def _save(path, arrays: dict):
+    """``np.savez`` to ``path`` through a temporary file, so that a kill leaves the old one."""
+    temporary = path + ".tmp"
+    with open(temporary, "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(temporary, path)
+
+
+def _read_meta(directory) -> Optional[dict]:
+    path = os.path.join(directory, "state.npz")
+    if not os.path.exists(path):
+        return None
+    with np.load(path) as saved:
+        return json.loads(str(saved["meta"]))
+
+
+class _Checkpoint:
+    """A run's checkpoint directory: ``state.npz`` (the state's leaves, the run's settings and
+    the list of draw files) and the kept draws in ``draws-<generation>-<k>.npz`` files, each
+    written once. A continuation starts a new generation that rewrites the earlier draws
+    once; files no ``state.npz`` lists are removed after it is written."""
+
+    def __init__(self, directory, kernel, run):
+        os.makedirs(directory, exist_ok=True)
+        meta = _read_meta(directory)
+        self.directory, self.kernel_name, self.run = directory, type(kernel).__name__, run
+        self.generation = 0 if meta is None else int(meta["generation"]) + 1
+        self.segments, self.written = [], 0
+
+    def write(self, state, parts, num_draws, finished):
+        if len(parts) > self.written:
+            name = f"draws-{self.generation}-{len(self.segments)}.npz"
+            _save(os.path.join(self.directory, name), _concatenate(parts[self.written :]))
+            self.segments.append(name)
+            self.written = len(parts)
+        leaves = jax.tree.leaves(state)
+        meta = dict(
+            format=_FORMAT,
+            kernel=self.kernel_name,
+            num_warmup=self.run.num_warmup,
+            thinning=self.run.thinning,
+            num_chains=self.run.num_chains,
+            num_draws=int(num_draws),
+            finished=bool(finished),
+            generation=self.generation,
+            segments=self.segments,
+            num_leaves=len(leaves),
+        )
+        arrays = {f"leaf{k}": _host_leaf(x) for k, x in enumerate(leaves)}
+        _save(
+            os.path.join(self.directory, "state.npz"), dict(arrays, meta=np.array(json.dumps(meta)))
+        )
+        for name in os.listdir(self.directory):
+            if name.startswith("draws-") and name not in self.segments:
+                os.remove(os.path.join(self.directory, name))
+
+
+def load_run(checkpoint, kernel: SGMCKernel, *model_args, model_kwargs=None) -> KernelRun:
+    """The :class:`KernelRun` a checkpoint directory of :func:`run_kernel` holds, to continue
+    with ``run_kernel(kernel, None, *model_args, num_samples=..., previous=run)``.
+
+    ``kernel`` and the data are those of the run that wrote it (the kernel is initialised on
+    them once, for the state's structure and its compiled description; the state itself is
+    the checkpoint's).
+
+    :raises FileNotFoundError: no checkpoint in the directory.
+    :raises ValueError: a checkpoint of another kernel, or of data of other shapes.
+    """
+    directory = os.fspath(checkpoint)
+    meta = _read_meta(directory)
+    if meta is None:
+        raise FileNotFoundError(f"No run_kernel checkpoint in {directory!r} (no state.npz).")
+    if meta["kernel"] != type(kernel).__name__:
+        raise ValueError(
+            f"The checkpoint in {directory!r} is of a {meta['kernel']} run; got a "
+            f"{type(kernel).__name__} kernel."
+        )
+    model_args, model_kwargs = validation.as_arrays(kernel._model, model_args, model_kwargs)
+    num_chains = int(meta["num_chains"])
+    keys = random.key(0) if num_chains == 1 else random.split(random.key(0), num_chains)
+    template = kernel.init(keys, int(meta["num_warmup"]), None, model_args, model_kwargs)
+    leaves, treedef = jax.tree.flatten(template)
+    with np.load(os.path.join(directory, "state.npz")) as saved:
+        values = [saved[f"leaf{k}"] for k in range(int(meta["num_leaves"]))]
+    if len(values) != len(leaves):
+        raise ValueError(
+            f"The checkpoint's state has {len(values)} arrays, this kernel's {len(leaves)}: it "
+            "was written by another kind of kernel or model."
+        )
+    restored = []
+    for like, value in zip(leaves, values, strict=True):
+        if jax.dtypes.issubdtype(like.dtype, jax.dtypes.prng_key):
+            value = random.wrap_key_data(value, impl=random.key_impl(like))
+        else:
+            value = jnp.asarray(value, like.dtype)
+        if value.shape != like.shape:
+            raise ValueError(
+                f"The checkpoint's state has an array of shape {value.shape} where this kernel "
+                f"on these data has {like.shape}: it was written for data of other shapes."
+            )
+        restored.append(value)
+    state = jax.tree.unflatten(treedef, restored)
+    parts = []
+    for name in meta["segments"]:
+        with np.load(os.path.join(directory, name)) as saved:
+            parts.append({k: saved[k] for k in saved.files})
+    return KernelRun(
+        _concatenate(parts), state, np.atleast_1d(np.asarray(state.num_diverging)),
+        int(meta["thinning"]), kernel, tuple(model_args), model_kwargs,
+        int(meta["num_warmup"]), int(meta["num_draws"]), not meta["finished"], kernel._config,
+    )  # fmt: skip
+
+
+def completed_samples(mcmc, group_by_chain: bool = False) -> dict:
+    """The draws an ``MCMC.run`` of these kernels made before a Ctrl-C stopped it.
+
+    After an interrupt, ``MCMC`` still returns ``num_samples`` draws per chain; those after
+    the interrupt repeat the last state and are flagged in the ``interrupted`` field
+    (:class:`~numpyro_sgmc.progress.RunWatch`). This drops them: each chain's draws before it,
+    concatenated (or, with ``group_by_chain``, cut to the shortest chain's).
+    """
+    fields = mcmc.get_extra_fields(group_by_chain=True)
+    if "interrupted" not in fields:
+        raise ValueError(
+            "completed_samples takes an MCMC run of the kernels of numpyro_sgmc (their draws "
+            "carry the 'interrupted' field)."
+        )
+    made = np.sum(~np.asarray(fields["interrupted"]), axis=1)
+    samples = mcmc.get_samples(group_by_chain=True)
+    if group_by_chain:
+        return {k: v[:, : int(made.min())] for k, v in samples.items()}
+    return {
+        k: jnp.concatenate([v[c, : int(made[c])] for c in range(len(made))])
+        for k, v in samples.items()
+    }

@@ -26,13 +26,13 @@ the model on them with the plate scaled to the *global* size
         + \\tfrac{1}{b}\\textstyle\\sum_{i\\in B_1\\cup\\dots\\cup B_D}\\nabla l(\\theta; X_i).
 
 Each ``ĝ_d`` is unbiased for the average gradient ``-∇U/n`` (``E Σ_{B_d} ∇l = (b/D)·(D/n)·
-Σ_{shard d} ∇l``), so ``ĝ`` is the minibatch estimate of ``shared/design/theory.md`` §1 with
+Σ_{shard d} ∇l``), so ``ĝ`` is the minibatch estimate of ``docs/theory.md`` §1 with
 the prior counted once and the likelihood scaled by ``n/b``; its batch is stratified over the
 shards. Its noise covariance is ``Ī/b``, ``Ī`` the mean over shards of the within-shard
-covariance of the per-datum gradients: ``I`` of theory §2–§3 up to a relative ``O(D/n)`` when
-the rows are in random order (``Ī ≤ I`` always: the between-shard part is left out), so the
-single-device predictions of :mod:`numpyro_sgmc.theory` hold. The control-variate centre's
-full-data gradient is summed over the shards with :func:`jax.lax.psum`, the prior weighted
+covariance of the per-datum gradients: ``I`` of ``docs/theory.md`` §2–§3 up to a relative
+``O(D/n)`` when the rows are in random order (``Ī ≤ I`` always: the between-shard part is left
+out), so the single-device predictions of :mod:`numpyro_sgmc.theory` hold. The control-variate
+centre's full-data gradient is summed over the shards with :func:`jax.lax.psum`, the prior weighted
 ``1/D`` on each (:func:`~numpyro_sgmc.gradients.full_data_gradient`).
 
 Everything else (the position update and its Langevin noise, the momentum, the batch sampler's
@@ -54,16 +54,18 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from numpyro.util import not_jax_tracer
 
+from numpyro_sgmc import gradients
 from numpyro_sgmc.batches import batch_sampler
-from numpyro_sgmc.gradients import full_data_gradient
-from numpyro_sgmc.subsample import SubsamplePlate
+from numpyro_sgmc.gradients import Estimator, batch_gradient
+from numpyro_sgmc.model import split_args
 
 __all__ = [
     "DataLayout",
+    "check_shard_evaluation",
     "data_layout",
     "data_mesh",
-    "data_parallel_full_gradient",
-    "data_parallel_gradient",
+    "full_data_gradient",
+    "minibatch",
     "replicate",
     "shard_data",
     "shard_plates",
@@ -229,7 +231,7 @@ def _sharding_of(x):
     return sharding.mesh, axes[0]
 
 
-def data_layout(model_args, model_kwargs, plates: Optional[dict] = None) -> Optional[DataLayout]:
+def data_layout(model_args, model_kwargs, plates: Optional[tuple] = None) -> Optional[DataLayout]:
     """Find the sharded model arguments and check them (against the subsample plates if given).
 
     The kernels call it twice at ``init``: without ``plates`` before tracing the model (so
@@ -275,8 +277,8 @@ def data_layout(model_args, model_kwargs, plates: Optional[dict] = None) -> Opti
     return layout
 
 
-def _check_plates(layout: DataLayout, leaves: list, plates: dict):
-    sizes = {name: p.size for name, p in plates.items()}
+def _check_plates(layout: DataLayout, leaves: list, plates: tuple):
+    sizes = {p.name: p.size for p in plates}
     sharded_sizes = set()
     for i in layout.sharded:
         rows = leaves[i].shape[0]
@@ -307,27 +309,27 @@ def _check_plates(layout: DataLayout, leaves: list, plates: dict):
     shard_plates(plates, layout.num_shards, layout.axis_name)  # divisibility
 
 
-def shard_plates(plates: dict, num_shards: int, axis_name: str = "data") -> dict:
+def shard_plates(plates: tuple, num_shards: int, axis_name: str = "data") -> tuple:
     """One shard's plates: ``n_p/D`` rows and batch ``b_p/D`` for every plate.
 
     :raises ValueError: ``n_p`` or ``b_p`` not divisible by ``D``.
     """
-    local = {}
-    for name, p in plates.items():
+    local = []
+    for p in plates:
         if p.size % num_shards:
             raise ValueError(
-                f"Subsample plate '{name}': " + _indivisible(p.size, num_shards, axis_name)
+                f"Subsample plate '{p.name}': " + _indivisible(p.size, num_shards, axis_name)
             )
         if p.batch_size % num_shards:
             lower = max(num_shards, p.batch_size - p.batch_size % num_shards)
             raise ValueError(
-                f"Subsample plate '{name}': batch_size={p.batch_size} cannot be split evenly "
+                f"Subsample plate '{p.name}': batch_size={p.batch_size} cannot be split evenly "
                 f"over the {num_shards} devices of mesh axis {axis_name!r} (each draws "
                 f"b/D of its own rows): use a multiple of {num_shards}, e.g. "
                 f"batch_size={lower}."
             )
-        local[name] = SubsamplePlate(p.size // num_shards, p.batch_size // num_shards)
-    return local
+        local.append(p._replace(size=p.size // num_shards, batch_size=p.batch_size // num_shards))
+    return tuple(local)
 
 
 # ---- the data-parallel estimators ------------------------------------------------------------
@@ -379,56 +381,49 @@ def _split_args(layout: DataLayout, model_args, model_kwargs):
     return arrays, specs, rebuild
 
 
-def data_parallel_gradient(
-    layout: DataLayout, plates: dict, estimate: Callable, method: str = "with_replacement"
-):
-    """The data-parallel gradient estimate (module docstring) and its batch sampler.
+def minibatch(layout: DataLayout, spec, method: str = "with_replacement") -> Estimator:
+    """The data-parallel minibatch estimator (module docstring), an
+    :class:`~numpyro_sgmc.gradients.Estimator` like :func:`numpyro_sgmc.gradients.minibatch`.
 
-    :param plates: the global plates (``n_p``, ``b_p``).
-    :param estimate: ``estimate(position, batch, model_args, model_kwargs, centre)``, an
-        estimator of :mod:`~numpyro_sgmc.gradients` built with the global ``n``.
+    :param spec: the model's :class:`~numpyro_sgmc.model.ModelSpec` with its global plates.
     :param str method: the batch sampling, applied on each shard.
-    :return: ``(init, gradient)``: ``init(rng_key)`` the sampler's state;
-        ``gradient(position, batch_state, rng_key, model_args, model_kwargs, centre)`` returns
-        ``(ĝ, batch_state)``, the same on every device.
     """
-    local = shard_plates(plates, layout.num_shards, layout.axis_name)
+    local = shard_plates(spec.plates, layout.num_shards, layout.axis_name)
     sampler = batch_sampler(local, method, shard_axis=layout.axis_name)
+    gradient = batch_gradient(spec)
     replicated = PartitionSpec()
 
-    def gradient(position, batch_state, rng_key, model_args, model_kwargs, centre=None):
+    def init(rng_key, centre, model_args, model_kwargs):
+        return sampler.init(rng_key)
+
+    def estimate(state, position, rng_key, model_args, model_kwargs):
         arrays, specs, rebuild = _split_args(layout, model_args, model_kwargs)
 
-        def on_shard(position, batch_state, rng_key, centre, arrays):
+        def on_shard(position, state, rng_key, arrays):
             args, kwargs = rebuild(arrays)
-            batch, batch_state = sampler.draw(batch_state, rng_key)
+            batch, state = sampler.draw(state, rng_key)
             # differentiate this shard's estimate only (the gradient with respect to a
             # replicated input would be summed over the shards), then average the D estimates
-            position = _varying(position, layout.axis_name)
-            if centre is not None:
-                centre = centre._replace(position=_varying(centre.position, layout.axis_name))
-            grad = estimate(position, batch, args, kwargs, centre)
-            return lax.pmean(grad, layout.axis_name), batch_state
+            grad = gradient(_varying(position, layout.axis_name), batch, args, kwargs)
+            return lax.pmean(grad, layout.axis_name), state
 
         return jax.shard_map(
             on_shard,
             mesh=layout.mesh,
-            in_specs=(replicated, replicated, replicated, replicated, specs),
+            in_specs=(replicated, replicated, replicated, specs),
             out_specs=(replicated, replicated),
-        )(position, batch_state, rng_key, centre, arrays)
+        )(position, state, rng_key, arrays)
 
-    return sampler.init, gradient
+    return Estimator(init, estimate)
 
 
-def data_parallel_full_gradient(
-    layout: DataLayout, potential_fn: Callable, plates: dict, chunk_size: int = 65536
-):
+def full_data_gradient(layout: DataLayout, spec, chunk_size: int = 65536) -> Callable:
     """``full(position, model_args, model_kwargs) -> -∇U(θ)/n``, exact, summed over shards.
 
     Each device evaluates its ``n/D`` rows in chunks (prior weighted ``1/D``) and the shards
-    are added with :func:`jax.lax.psum` (:func:`~numpyro_sgmc.gradients.full_data_gradient`).
+    are added with :func:`jax.lax.psum` (:func:`numpyro_sgmc.gradients.full_data_gradient`).
     """
-    local = shard_plates(plates, layout.num_shards, layout.axis_name)
+    local = shard_plates(spec.plates, layout.num_shards, layout.axis_name)
     replicated = PartitionSpec()
 
     def full(position, model_args, model_kwargs):
@@ -436,10 +431,14 @@ def data_parallel_full_gradient(
 
         def on_shard(position, arrays):
             args, kwargs = rebuild(arrays)
-            # this shard's sum only; full_data_gradient adds the shards with psum
-            position = _varying(position, layout.axis_name)
-            return full_data_gradient(
-                potential_fn, local, position, args, kwargs, chunk_size, axis_name=layout.axis_name
+            return gradients.full_data_gradient(
+                spec,
+                _varying(position, layout.axis_name),
+                args,
+                kwargs,
+                chunk_size,
+                axis_name=layout.axis_name,
+                rows=local,
             )
 
         return jax.shard_map(
@@ -447,3 +446,24 @@ def data_parallel_full_gradient(
         )(position, arrays)
 
     return full
+
+
+def check_shard_evaluation(layout: DataLayout, spec, z, rng_key, model_args, model_kwargs):
+    """Trace the data-parallel estimate once, to report a model that fails on a shard."""
+    estimator = minibatch(layout, spec)
+
+    def estimate(z, k, arrays):
+        args, kwargs = structure.rebuild(arrays)
+        return estimator.estimate(estimator.init(k, z, args, kwargs), z, k, args, kwargs)[0]
+
+    arrays, structure = split_args(model_args, model_kwargs)  # arguments, not constants
+    try:
+        jax.eval_shape(estimate, z, rng_key, arrays)
+    except Exception as err:
+        raise ValueError(
+            f"Evaluating the model on one shard of the sharded data failed "
+            f"({type(err).__name__}: {err}). Each of the {layout.num_shards} devices runs the "
+            "model on its own rows of every sharded argument: the data plate must take its size "
+            "from the data (numpyro.plate('data', X.shape[0], subsample_size=b)) or index the "
+            "data with the plate's indices, and every per-datum array must be sharded."
+        ) from err

@@ -1,42 +1,35 @@
 """Warm start: run the subsampled model to its mode with an optax optimizer (Adam).
 
-The starting point of every tuned run (``shared/design/theory.md`` §3–§4, §6). One call runs
-``K`` restarts from different initial values in one vectorised ``lax.scan``; each minimises
-the minibatch estimate of the average potential
+The starting point of every tuned run (``docs/theory.md`` §3–§4, §6). One call runs ``K``
+restarts from different initial values in one vectorised ``lax.scan``; each minimises the
+minibatch estimate of the average potential
 
 .. math::
 
     L(z) = \\tilde U(z) / n = -\\tfrac{1}{n}\\log p_0(z)
            - \\tfrac{1}{b}\\textstyle\\sum_{i\\in B}\\, l(z; X_i)
 
-(a MAP fit in unconstrained space, equivalent to SVI with ``AutoDelta``), with random
-reshuffling (every datum once per epoch) and by default Adam in two phases: a fifth of the
-iterations at a constant learning rate, then a fresh Adam (whose second moment no longer
-remembers the large gradients of the starting point) with a cosine-decayed rate, so that the
-last iterates settle at the mode instead of rattling around it at the scale of the learning
-rate; the mode returned is the mean of the last tenth of the iterates (tail averaging).
-What the later steps need is kept: the mode (unconstrained and
-constrained), Adam's moments ``μ`` and ``ν`` and its last minibatch gradient (the seed's
-preconditioner statistics, §6, see :func:`~numpyro_sgmc.mass_from_warm_start`), the
+(a MAP fit in unconstrained space, SVI with ``AutoDelta``), with random reshuffling (every
+datum once per epoch) and by default Adam in two phases (:func:`default_optimizer`): a fifth
+of the iterations at a constant learning rate, then a fresh Adam (whose second moment no
+longer remembers the large gradients of the starting point) with a cosine-decayed rate, so
+that the last iterates settle at the mode; the mode returned is the mean of the last tenth of
+the iterates. What the later
+steps need is kept: the mode, Adam's moments ``μ`` and ``ν`` and its last minibatch gradient
+(the statistics of the §6 masses, :func:`numpyro_sgmc.bde.mass_from_warm_start`), the
 full-data average gradient at the mode (one chunked pass) and the loss trace.
 
 **Convergence check.** With ``g`` the full-data average gradient at the end and ``J`` the
-curvature per datum of the potential there (:func:`numpyro_sgmc.fisher.information` on a
-subsample of rows; dense for up to 100 parameters, diagonal above), the Newton step to the
-mode is ``δ = J⁻¹g`` and the posterior covariance about ``(nJ)⁻¹``, so
-``sqrt(n gᵀJ⁻¹g)`` is how many posterior standard deviations the mode found is from the
-mode (the same measure :func:`~numpyro_sgmc.autotune.autotune` uses before its Newton
-step). A restart farther than ``tol`` is reported as not converged, with its
-numbers, by a :class:`ConvergenceWarning`. The default ``tol = max(3, 2√d)`` is close
-enough for a control-variate centre and for the Newton step
-:func:`~numpyro_sgmc.autotune.autotune` takes from there; Adam's last iterates typically
-end about one posterior sd per coordinate from the mode.
+curvature per datum there (:func:`numpyro_sgmc.fisher.information` on a subsample of rows),
+``sqrt(n gᵀJ⁻¹g)`` is how many posterior standard deviations the mode found is from a zero of
+the gradient. A restart farther than ``tol`` gets a
+:class:`~numpyro_sgmc.diagnostics.ConvergenceWarning` with its numbers.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
+from functools import partial
 from typing import Callable, NamedTuple, Optional
 
 import jax
@@ -46,45 +39,39 @@ import optax
 from jax import lax, random
 from numpyro.infer.initialization import init_to_uniform
 
+from numpyro_sgmc import validation
 from numpyro_sgmc.batches import batch_sampler
-from numpyro_sgmc.diagnostics import user_stacklevel
-from numpyro_sgmc.fisher import information
+from numpyro_sgmc.curvature import host_rng, random_rows
+from numpyro_sgmc.diagnostics import ConvergenceWarning, warn
+from numpyro_sgmc.fisher import information_of
 from numpyro_sgmc.gradients import full_data_gradient
-from numpyro_sgmc.kernels.base import ChainInit
-from numpyro_sgmc.mass_matrices import mass_from_warm_start
-from numpyro_sgmc.preconditioners import flat_layout
-from numpyro_sgmc.subsample import initialize, num_data, split_args
+from numpyro_sgmc.laplace import DENSE_MAX_DIM
+from numpyro_sgmc.model import constrained, potential, prepare_model, split_args
+from numpyro_sgmc.rowsums import fisher_diagonal, global_terms
 
-__all__ = ["ConvergenceWarning", "WarmStart", "warm_start"]
-
-_DENSE_MAX_DIM = 100  # the convergence check uses a dense J up to this many parameters
-
-
-class ConvergenceWarning(UserWarning):
-    """The optimizer stopped before the mode (the gradient there is too large)."""
+__all__ = ["WarmStart", "warm_start", "warm_start_of"]
 
 
 class WarmStart(NamedTuple):
     """What :func:`warm_start` found. Every array has a leading axis of length ``K`` (restarts).
 
     :param dict params: the modes in unconstrained space, site -> ``(K, ...)``: the mean of
-        each run's last tenth of iterates. Pass them as
-        ``MCMC(..., num_chains=K).run(..., init_params=params)``.
+        each run's last tenth of iterates (``init_params`` of
+        ``MCMC(..., num_chains=K).run``).
     :param dict constrained: the modes in constrained space, with the deterministic sites.
-    :param dict gradient: full-data average gradient ``-∇U/n`` at each mode (theory §1's
-        ``ḡ`` with the prior), from one chunked pass over all the data.
+    :param dict gradient: full-data average gradient ``-∇U/n`` at each mode, from one chunked
+        pass over all the data.
     :param dict first_moment: Adam's ``μ`` of the gradient of ``L`` (``None`` if the optimizer
         keeps no Adam state).
     :param dict second_moment: Adam's ``ν`` (``sqrt(ν)`` is Adam's denominator).
     :param loss: ``(K, num_iterations)`` minibatch loss ``L`` at every iteration.
-    :param gradient_distance: ``(K,)`` ``sqrt(n gᵀJ⁻¹g)``: the Newton step from each mode
-        found to the exact one, in posterior standard deviations (NaN if not checked).
+    :param gradient_distance: ``(K,)`` ``sqrt(n gᵀJ⁻¹g)``, in posterior standard deviations
+        (NaN if not checked).
     :param converged: ``(K,)`` whether ``gradient_distance <= tol``; ``None`` if not checked.
     :param int num_data: ``n``.
-    :param int num_epochs: passes over the data the optimizer made.
-    :param dict plates: plate name -> :class:`~numpyro_sgmc.subsample.SubsamplePlate`.
-    :param dict final_gradient: the optimizer's last minibatch gradient of ``L`` (at its last
-        iterate): the "gradient" statistic of the §6 preconditioners.
+    :param float num_epochs: passes over the data the optimizer made.
+    :param tuple plates: the model's subsample plates.
+    :param dict final_gradient: the optimizer's last minibatch gradient of ``L``.
     """
 
     params: dict
@@ -94,10 +81,10 @@ class WarmStart(NamedTuple):
     second_moment: Optional[dict]
     loss: np.ndarray
     gradient_distance: np.ndarray
-    converged: np.ndarray
+    converged: Optional[np.ndarray]
     num_data: int
     num_epochs: float
-    plates: dict
+    plates: tuple
     final_gradient: Optional[dict] = None
 
     @property
@@ -112,27 +99,7 @@ class WarmStart(NamedTuple):
 
     def member(self, k: int) -> dict:
         """The unconstrained mode of restart ``k`` (no leading axis)."""
-        return _restart(self.params, k)
-
-    def chain_init(self, statistic: Optional[str] = None, granularity: str = "layer"):
-        """Start one chain per member at its mode, with its own §6 mass matrix.
-
-        ``MCMC(SGHMC(...), num_chains=K).run(key, *args, init_params=warm.chain_init(...))``
-        is the Bayesian deep ensemble: chain ``k`` starts at mode ``k`` with the mass of its own
-        Adam run, so no warm-up is needed.
-
-        :param statistic: ``None`` (the kernel's own preconditioner, e.g. identity mass), or
-            ``"gradient"``, ``"first_moment"``, ``"second_moment"``
-            (:func:`~numpyro_sgmc.mass_from_warm_start`).
-        :param str granularity: ``"layer"`` or ``"parameter"``.
-        :return: a :class:`~numpyro_sgmc.ChainInit`.
-        """
-        if statistic is None:
-            return ChainInit(params=self.params)
-        return ChainInit(
-            params=self.params,
-            preconditioner=mass_from_warm_start(self, statistic, granularity),
-        )
+        return jax.tree.map(lambda v: v[k], self.params)
 
     def __str__(self) -> str:
         lines = [
@@ -147,14 +114,15 @@ class WarmStart(NamedTuple):
             )
         )
         for k in range(self.num_restarts):
+            status = (
+                "convergence not checked"
+                if self.converged is None
+                else f"{self.gradient_distance[k]:.2g} posterior sd from the mode"
+                + ("" if self.converged[k] else "  NOT CONVERGED")
+            )
             lines.append(
                 f"  restart {k}: final loss {last[k]:.6g}, |full-data gradient| {norms[k]:.3g}, "
-                + (
-                    "convergence not checked"
-                    if self.converged is None
-                    else f"{self.gradient_distance[k]:.2g} posterior sd from the mode"
-                    + ("" if self.converged[k] else "  NOT CONVERGED")
-                )
+                + status
             )
         return "\n".join(lines)
 
@@ -171,10 +139,136 @@ def _adam_moments(opt_state):
     return found[0].mu, found[0].nu
 
 
+def default_optimizer(learning_rate: float, num_iterations: int):
+    """``(optimizer, restart)``: Adam at a constant rate for the first fifth of the
+    iterations, then a cosine decay to 1/1000 of it, with Adam's moments and bias correction
+    started afresh at the switch (iteration ``restart``: its second moment no longer
+    remembers the large gradients of the starting point). One optimizer, so that the whole
+    run is one compiled loop."""
+    first = num_iterations // 5
+    schedule = optax.join_schedules(
+        [
+            optax.constant_schedule(learning_rate),
+            optax.cosine_decay_schedule(learning_rate, num_iterations - first, alpha=1e-3),
+        ],
+        [first],
+    )
+    return optax.chain(optax.scale_by_adam(), optax.scale_by_learning_rate(schedule)), first
+
+
+@partial(
+    jax.jit,
+    static_argnames=(
+        "spec",
+        "structure",
+        "layout",
+        "optimizer",
+        "learning_rate",
+        "num_iterations",
+        "chunk",
+    ),
+)
+def _optimise(
+    spec, structure, layout, optimizer, learning_rate, num_iterations, chunk, z0, scale, keys,
+    arrays,
+):  # fmt: skip
+    """``K`` optimizer runs, vectorised, in the coordinates ``u`` of ``z = z0 + scale ⊙ u``
+    (flat); the data are arguments, not compiled-in constants. Returns the tail average, the
+    full-data gradient there, the last minibatch gradient and Adam's moments, all in ``z``."""
+    n = spec.num_data
+    sampler = batch_sampler(spec.plates, "epochs")
+    if optimizer is None:
+        opt, restart = default_optimizer(learning_rate, num_iterations)
+    else:
+        opt, restart = optimizer, -1
+    tail = max(1, num_iterations // 10)
+
+    def run_one(z0, scale, key):
+        args, kwargs = structure.rebuild(arrays)
+
+        def loss_fn(u, batch):
+            return potential(spec, layout.unravel(z0 + scale * u), batch, args, kwargs) / n
+
+        def step(carry, xs):
+            u, opt_state, batch_state, average, _ = carry
+            k, t = xs
+            if restart > 0:  # a fresh Adam (moments, bias correction) at the switch
+                fresh = opt.init(u)
+                opt_state = (
+                    jax.tree.map(
+                        lambda a, b: jnp.where(t == restart, a, b), fresh[0], opt_state[0]
+                    ),
+                ) + tuple(opt_state[1:])
+            batch, batch_state = sampler.draw(batch_state, k)
+            loss, grad = jax.value_and_grad(loss_fn)(u, batch)
+            updates, opt_state = opt.update(grad, opt_state, u)
+            u = optax.apply_updates(u, updates)
+            # running mean of the last `tail` iterates (zero weight before them)
+            weight = jnp.where(
+                t >= num_iterations - tail, 1.0 / (t - num_iterations + tail + 1), 0.0
+            )
+            return (u, opt_state, batch_state, average + weight * (u - average), grad), loss
+
+        key_batches, key_steps = random.split(key)
+        u = jnp.zeros_like(z0)
+        xs = (random.split(key_steps, num_iterations), jnp.arange(num_iterations))
+        (u, opt_state, _, average, last_grad), losses = lax.scan(
+            step, (u, opt.init(u), sampler.init(key_batches), u, u), xs
+        )
+        mode = layout.unravel(z0 + scale * average)
+        gradient = full_data_gradient(spec, mode, args, kwargs, chunk)
+        mu, nu = _adam_moments(opt_state)
+        # back to z: d/dz = (d/du) / scale; Adam's moments of the gradient likewise
+        moments = (
+            (None, None)
+            if mu is None
+            else (layout.unravel(mu / scale), layout.unravel(nu / scale**2))
+        )
+        return (
+            mode,
+            gradient,
+            layout.unravel(last_grad / scale),
+            *moments,
+            losses,
+        )
+
+    return jax.vmap(run_one)(z0, scale, keys)
+
+
+def _scales(prepared, rng_key, model_args, model_kwargs, z0, num_rows=1024):
+    """``(K, d)`` natural scales of the parameters at the starts: ``1/sqrt(F_jj)``, ``F`` the
+    empirical Fisher information's diagonal per datum there plus the prior's curvature, so
+    that Adam's steps are in units of each parameter's own scale (a covariate multiplied by
+    ``10⁴`` just works)."""
+    spec, layout = prepared.spec, prepared.layout
+    arrays, structure = split_args(model_args, model_kwargs)
+    rows = random_rows(host_rng(rng_key), spec.plates, num_rows).indices
+    # the prior's curvature as the information step will compute it (one compilation for
+    # both): exact and dense up to DENSE_MAX_DIM parameters, Hutchinson probes above
+    dense = layout.size <= DENSE_MAX_DIM
+    probes = None
+    if not dense:
+        probes = jnp.asarray(2 * host_rng(rng_key, 1).integers(0, 2, (64, layout.size)) - 1)
+    out = []
+    for zf in np.asarray(z0):
+        zf = jnp.asarray(zf)
+        fisher = np.asarray(fisher_diagonal(spec, structure, layout, zf, rows, arrays))
+        kind = "dense" if dense else "diagonal"
+        _, prior = global_terms(
+            spec, structure, layout, kind, zf, None if dense else probes.astype(zf.dtype), arrays
+        )
+        prior = np.diag(np.asarray(prior)) if dense else np.asarray(prior).mean(axis=0)
+        curvature = fisher + np.maximum(prior, 0.0) / spec.num_data
+        positive = curvature[curvature > 0]
+        floor = 1e-12 * (positive.max() if positive.size else 1.0)
+        out.append(np.where(curvature > floor, 1.0 / np.sqrt(np.maximum(curvature, floor)), 1.0))
+    return jnp.asarray(np.stack(out), z0.dtype)
+
+
 def warm_start(
     model: Callable,
+    rng_key,
     *model_args,
-    rng_key=None,
     num_epochs: float = 5,
     batch_size=None,
     num_restarts: int = 1,
@@ -186,151 +280,147 @@ def warm_start(
     check: bool = True,
     num_check_rows: int = 2048,
     chunk_size: int = 65536,
-    **model_kwargs,
+    rescale: bool = False,
+    model_kwargs: Optional[dict] = None,
 ) -> WarmStart:
     """Run ``num_restarts`` optimizers to the mode of ``model``, vectorised, and check them.
 
     :param model: a NumPyro model whose data plate(s) declare ``subsample_size``.
+    :param rng_key: PRNG key: initial values and batches.
     :param model_args: the model's positional arguments (the data).
-    :param rng_key: PRNG key (default ``PRNGKey(0)``): initial values and batches.
     :param num_epochs: passes over the data (iterations: ``ceil(num_epochs · n / b)``, with
         ``b`` the total batch size over the plates).
     :param batch_size: overrides the plates' ``subsample_size`` (int or ``{plate: int}``).
     :param num_restarts: ``K`` independent runs from different initial values.
     :param learning_rate: Adam's learning rate: constant for the first fifth of the
-        iterations, then Adam starts afresh (new moments) and the rate decays by a cosine
-        schedule to 1/1000 of it at the last iteration (ignored when ``optimizer`` is given).
-    :param optimizer: any optax transformation to use instead (its Adam moments are kept if
-        it contains ``scale_by_adam``).
+        iterations, then Adam starts afresh and the rate decays by a cosine schedule to 1/1000
+        of it (ignored when ``optimizer`` is given).
+    :param optimizer: any optax transformation to use instead (its Adam moments are kept if it
+        contains ``scale_by_adam``).
     :param init_params: unconstrained initial values, site -> array with a leading ``K`` axis
         (or without, to start every restart there); default: ``init_strategy`` per restart.
     :param tol: the largest ``gradient_distance`` (in posterior sds) counted as converged;
-        default ``max(3, 2√d)`` for ``d`` parameters (a random offset of one posterior sd per
-        coordinate is ``√d`` sds long).
+        default ``max(3, 2√d)``.
     :param check: estimate ``J`` on ``num_check_rows`` rows per restart to measure how far
-        each mode is from a zero of the gradient (``gradient_distance``), and warn if it is
-        farther than ``tol``. For networks this is most of the cost; :func:`~numpyro_sgmc.
-        autotune` skips it because it estimates ``J`` and takes a Newton step itself.
-    :param num_check_rows: rows used to estimate the per-datum gradient scale of the check.
+        each mode is from a zero of the gradient, and warn if farther than ``tol``.
+    :param num_check_rows: rows of that estimate.
     :param chunk_size: rows per chunk of the full-data gradient pass.
-    :param model_kwargs: the model's keyword arguments.
+    :param rescale: optimise in each parameter's natural scale at the start (``1/sqrt`` of the
+        empirical Fisher information's diagonal there), so that ``learning_rate`` means the
+        same whatever the covariates' scales, and retry a diverging run at a tenth of the
+        learning rate (what :func:`~numpyro_sgmc.autotune` does). Adam's moments are returned
+        in the model's own coordinates either way.
+    :param dict model_kwargs: the model's keyword arguments.
     :return: a :class:`WarmStart`.
     """
-    if not isinstance(num_restarts, (int, np.integer)) or num_restarts < 1:
-        raise ValueError(f"num_restarts must be a positive int, got {num_restarts!r}.")
-    if not num_epochs > 0:
-        raise ValueError(f"num_epochs must be positive, got {num_epochs!r}.")
-    rng_key = random.PRNGKey(0) if rng_key is None else rng_key
-    key_init, key_run, key_check = random.split(rng_key, 3)
-    init_keys = random.split(key_init, num_restarts)
-    prepared = initialize(
-        init_keys,
+    num_restarts = validation.positive_int("num_restarts", num_restarts)
+    num_epochs = validation.positive_number("num_epochs", num_epochs)
+    if optimizer is None:
+        learning_rate = validation.positive_number("learning_rate", learning_rate)
+    tol = validation.positive_number("tol", tol, allow_none=True)
+    num_check_rows = validation.positive_int("num_check_rows", num_check_rows)
+    chunk_size = validation.positive_int("chunk_size", chunk_size)
+    key_init, key_run = random.split(rng_key)
+    prepared = prepare_model(
+        random.split(key_init, num_restarts),
         model,
         model_args,
         model_kwargs,
         batch_size=batch_size,
         init_strategy=init_strategy,
     )
-    plates, n = prepared.plates, num_data(prepared.plates)
-    b = sum(p.batch_size for p in plates.values())
+    return warm_start_of(
+        prepared, key_run, model_args, model_kwargs, num_epochs, num_restarts, learning_rate,
+        optimizer, init_params, tol, check, num_check_rows, chunk_size, rescale,
+    )  # fmt: skip
+
+
+def warm_start_of(
+    prepared,
+    rng_key,
+    model_args,
+    model_kwargs,
+    num_epochs=5,
+    num_restarts=1,
+    learning_rate=0.05,
+    optimizer=None,
+    init_params=None,
+    tol=None,
+    check=True,
+    num_check_rows=2048,
+    chunk_size=65536,
+    rescale=False,
+) -> WarmStart:
+    """:func:`warm_start` on a prepared model whose ``init_params`` carry the restart axis.
+
+    With ``rescale`` the optimizer works in each parameter's natural scale at the start
+    (``_scales``), so that its learning rate means the same for a covariate on any scale;
+    a run whose loss turns non-finite is retried from its start at a tenth of the learning rate,
+    twice.
+    """
+    if not num_epochs > 0:
+        raise ValueError(f"num_epochs must be positive, got {num_epochs!r}.")
+    spec, layout = prepared.spec, prepared.layout
+    n, b = spec.num_data, spec.batch_size
     num_iterations = max(1, math.ceil(num_epochs * n / b))
     z0 = (
         prepared.init_params
         if init_params is None
         else _restart_axis(init_params, prepared.init_params, num_restarts)
     )
-    if optimizer is None:
-        # Adam restarted after a first fifth at constant rate: its second moment remembers
-        # the huge gradients of a poor starting point for ~1/(1-b2) = 1000 steps, which
-        # would stall a short run; the second phase decays the rate to lr/1000 (cosine)
-        first = num_iterations // 5
-        rest = num_iterations - first
-        phases = [
-            (optax.adam(learning_rate), first),
-            (optax.adam(optax.cosine_decay_schedule(learning_rate, rest, alpha=1e-3)), rest),
-        ][0 if first else 1 :]
-    else:
-        phases = [(optimizer, num_iterations)]
-    sampler = batch_sampler(plates, "epochs")
-    potential_fn = prepared.potential_fn
-
-    def loss_fn(z, batch, args, kwargs):
-        return potential_fn(z, batch, args, kwargs) / n
-
-    tail = max(1, num_iterations // 10)
-
-    def run_one(z, key, data):
-        args, kwargs = rebuild(data)
-        key_batches, key_steps = random.split(key)
-        batch_state, all_losses, offset = sampler.init(key_batches), [], 0
-        average = jax.tree.map(jnp.zeros_like, z)
-        last_grad = jax.tree.map(jnp.zeros_like, z)
-        for phase, (opt, steps) in enumerate(phases):
-
-            def step(carry, xs, opt=opt):
-                z, opt_state, batch_state, average, _ = carry
-                k, t = xs
-                batch, batch_state = sampler.draw(batch_state, k)
-                loss, grad = jax.value_and_grad(loss_fn)(z, batch, args, kwargs)
-                updates, opt_state = opt.update(grad, opt_state, z)
-                z = optax.apply_updates(z, updates)
-                # running mean of the last `tail` iterates (zero weight before them)
-                weight = jnp.where(
-                    t >= num_iterations - tail, 1.0 / (t - num_iterations + tail + 1), 0.0
-                )
-                average = jax.tree.map(lambda a, x: a + weight * (x - a), average, z)
-                return (z, opt_state, batch_state, average, grad), loss
-
-            keys = random.split(random.fold_in(key_steps, phase), steps)
-            xs = (keys, offset + jnp.arange(steps))
-            (z, opt_state, batch_state, average, last_grad), losses = lax.scan(
-                step, (z, opt.init(z), batch_state, average, last_grad), xs
-            )
-            all_losses.append(losses)
-            offset += steps
-        gradient = full_data_gradient(potential_fn, plates, average, args, kwargs, chunk_size)
-        mu, nu = _adam_moments(opt_state)
-        return average, gradient, last_grad, mu, nu, jnp.concatenate(all_losses)
-
-    # the data enter as arguments: closed over, they would be compiled in as constants
-    # (compile time and memory growing with n)
-    data, rebuild = split_args(model_args, model_kwargs)
-    z, gradient, last_grad, mu, nu, losses = jax.jit(jax.vmap(run_one, (0, 0, None)))(
-        z0, random.split(key_run, num_restarts), data
-    )
-    losses = np.asarray(losses)
-    finite = np.isfinite(losses[:, -1])
-    for leaf in jax.tree.leaves(z):
-        finite &= np.all(np.isfinite(np.reshape(np.asarray(leaf), (num_restarts, -1))), axis=1)
+    key_run, key_check, key_scale = random.split(rng_key, 3)
+    arrays, structure = split_args(model_args, model_kwargs)
+    z0f = layout.ravel(z0)
+    scale = _scales(prepared, key_scale, model_args, model_kwargs, z0f) if rescale else None
+    scale = jnp.ones_like(z0f) if scale is None else scale
+    keys = random.split(key_run, num_restarts)
+    rate = float(learning_rate)
+    for _ in range(3 if rescale else 1):
+        z, gradient, last_grad, mu, nu, losses = _optimise(
+            spec, structure, layout, optimizer, rate, num_iterations, int(chunk_size), z0f,
+            scale, keys, arrays,
+        )  # fmt: skip
+        losses = np.asarray(losses)
+        finite = np.all(np.isfinite(losses), axis=1)
+        finite &= np.all(np.isfinite(np.asarray(layout.ravel(z))), axis=1)
+        if np.all(finite):
+            break
+        rate = rate / 10
     if not np.all(finite):
         raise FloatingPointError(
-            f"The optimizer diverged (non-finite loss or parameters) in restart(s) "
-            f"{np.flatnonzero(~finite).tolist()}: lower learning_rate (now {learning_rate})."
+            f"The optimizer's loss became non-finite in restart(s) "
+            f"{np.flatnonzero(~finite).tolist()}"
+            + (f", also at learning rates down to {rate * 10:g}" if rescale else "")
+            + ": the model's log-density is not finite somewhere on the way from the start. "
+            "Check the data for NaN or infinite values and impossible observations, and start "
+            "nearer the data's scale (init_params, or init_strategy=init_to_mean)"
+            + ("." if rescale else f", or lower learning_rate (now {learning_rate}).")
         )
     distance = np.full(num_restarts, np.nan)
+    d = prepared.layout.size
     if check:
-        distance = np.array(
-            [
-                _gradient_distance(
-                    model,
-                    model_args,
-                    model_kwargs,
-                    _restart(z, k),
-                    _restart(gradient, k),
-                    n,
-                    num_check_rows,
-                    random.fold_in(key_check, k),
-                )
-                for k in range(num_restarts)
-            ]
-        )
-    if tol is None:
-        tol = max(3.0, 2.0 * math.sqrt(sum(np.size(v[0]) for v in jax.tree.leaves(z))))
+        one = prepared._replace(init_params=jax.tree.map(lambda v: v[0], prepared.init_params))
+        for k in range(num_restarts):
+            info = information_of(
+                one,
+                random.fold_in(key_check, k),
+                model_args,
+                model_kwargs,
+                jax.tree.map(lambda v, k=k: v[k], z),
+                num_rows=min(num_check_rows, n),
+                kind="dense" if d <= DENSE_MAX_DIM else "diagonal",
+                regularize="auto",
+            )
+            g = np.asarray(prepared.layout.ravel(jax.tree.map(lambda v, k=k: v[k], gradient)))
+            step = np.asarray(info.potential_curvature.solve(g.astype(np.float64)))
+            distance[k] = float(np.sqrt(max(n * float(g @ step), 0.0)))
+    tol = max(3.0, 2.0 * math.sqrt(d)) if tol is None else tol
     converged = distance <= tol if check else None
-    constrain = prepared.postprocess_fn(model_args, model_kwargs)
+    args, kwargs = tuple(model_args), dict(model_kwargs or {})
+    exclude = prepared.per_datum_sites
     result = WarmStart(
         params=z,
-        constrained=jax.vmap(constrain)(z),
+        constrained=constrained(spec, z, args, kwargs, exclude, batched=True),
         gradient=gradient,
         first_moment=mu,
         second_moment=nu,
@@ -339,11 +429,11 @@ def warm_start(
         converged=converged,
         num_data=n,
         num_epochs=num_iterations * b / n,
-        plates=plates,
+        plates=spec.plates,
         final_gradient=last_grad,
     )
     if check and not np.all(converged):
-        warnings.warn(
+        warn(
             f"The warm start has not converged in restart(s) {np.flatnonzero(~converged).tolist()}:"
             f" after {result.num_epochs:g} epochs the full-data gradient puts the mode "
             f"{', '.join(f'{x:.3g}' for x in distance[~converged])} posterior standard "
@@ -351,13 +441,8 @@ def warm_start(
             f"(num_epochs={num_epochs}) or use a larger learning_rate (now {learning_rate}).\n"
             + str(result),
             ConvergenceWarning,
-            stacklevel=user_stacklevel(),
         )
     return result
-
-
-def _restart(tree, k):
-    return jax.tree.map(lambda v: v[k], tree)
 
 
 def _restart_axis(init_params, prototype, num_restarts):
@@ -379,22 +464,3 @@ def _restart_axis(init_params, prototype, num_restarts):
             )
         out[name] = v
     return out
-
-
-def _gradient_distance(model, args, kwargs, z, gradient, n, rows, key):
-    """``sqrt(n gᵀJ⁻¹g)`` (see the module docstring); ``J`` made positive definite if needed."""
-    flat = [np.ravel(np.asarray(gradient[name])) for name, *_ in flat_layout(z)]
-    g = np.concatenate(flat).astype(np.float64)
-    info = information(
-        model,
-        *args,
-        params=z,
-        rng_key=key,
-        num_rows=min(rows, n),
-        kind="dense" if g.size <= _DENSE_MAX_DIM else "diagonal",
-        regularize="auto",
-        **kwargs,
-    )
-    J = info.potential_curvature
-    step = g / J if J.ndim == 1 else np.linalg.solve(J, g)
-    return float(np.sqrt(max(n * float(g @ step), 0.0)))

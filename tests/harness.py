@@ -1,11 +1,12 @@
-"""The statistical harness every sampler test uses.
+"""The one statistical harness of the test suite.
 
 Draws come from ``C`` independent chains run far longer than their mixing time, so the
 per-chain estimates (mean vector, covariance matrix) are independent replicates: their
 spread across chains gives the Monte Carlo standard error without modelling the
 autocorrelation. A test passes when every element is within ``Z_MAX`` standard errors of
-the known answer, and it is only accepted as a test if it has the power to see a factor-2
-error in the covariance (``|0.5 Σ_ii| > Z_MAX · SE_ii`` on the diagonal).
+the known answer (:func:`assert_law`, :func:`assert_within_mc`), and it is only accepted as a
+test if it has the power to see a factor-2 error in the covariance
+(``|0.5 Σ_ii| > Z_MAX · SE_ii`` on the diagonal).
 """
 
 from __future__ import annotations
@@ -79,6 +80,14 @@ def assert_law(draws, mean=None, cov=None, z_max=Z_MAX, label=""):
             "run longer or more chains"
         )
         assert np.all(np.abs(z[iu]) < z_max), f"{label}: covariance off: " + "; ".join(report)
+
+
+def assert_within_mc(estimate, se, expected, label=""):
+    """Every entry of ``estimate`` within ``Z_MAX`` standard errors ``se`` of ``expected``."""
+    err = np.abs(np.asarray(estimate) - np.asarray(expected))
+    assert np.all(err <= Z_MAX * np.asarray(se)), (
+        f"{label}: |estimate - prediction| / se = {np.max(err / np.asarray(se)):.2f} > {Z_MAX}"
+    )
 
 
 def assert_law_differs(draws, cov, z_min=10.0, label=""):

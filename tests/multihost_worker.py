@@ -57,7 +57,7 @@ def run(W, L, jit_model_args=True):
         jit_model_args=jit_model_args,
     )
     mcmc.run(jax.random.key(3), W, L, init_params=start(p, LAW["chains"]))
-    assert kernel._layout is not None and kernel._layout.num_shards == len(jax.devices())
+    assert kernel.shards is not None and kernel.shards.num_shards == len(jax.devices())
     return mcmc
 
 

@@ -76,6 +76,18 @@ def start_near_mode(problem, num_chains, cov, seed=1):
     return {"theta": jnp.asarray(z, jnp.float32)}
 
 
+def flat_masses(masses, params):
+    """``(K, d)`` flat masses (the chains' ``state.params.mass.values``) of per-site masses
+    with a leading member axis (``bde.mass_from_warm_start``), for members' ``params``."""
+    parts = []
+    for name in sorted(params):
+        value = np.asarray(masses.values[name], np.float64)
+        shape = np.shape(params[name])
+        value = value.reshape(value.shape + (1,) * (len(shape) - value.ndim))
+        parts.append(np.broadcast_to(value, shape).reshape(shape[0], -1))
+    return np.concatenate(parts, axis=1)
+
+
 def draws(mcmc, site="theta"):
     """``(C, T, d)`` draws of one site as NumPy."""
     return np.asarray(jax.device_get(mcmc.get_samples(group_by_chain=True)[site]))
@@ -165,8 +177,8 @@ def gaussian_location(W, L, subsample_size=50):
     """``y_i ~ N(θ, P⁻¹)`` written in whitened form: ``w_i = Lᵀy_i ~ N(Lᵀθ, I)``, ``P = LLᵀ``.
 
     Every per-datum Hessian is ``-P``, so minibatch gradient noise is exactly additive (its
-    covariance ``I/b`` does not depend on ``θ``) and the linearised chains of theory §3/§5 are
-    exact at any step size.
+    covariance ``I/b`` does not depend on ``θ``) and the linearised chains of
+    ``docs/theory.md`` §3/§5 are exact at any step size.
     """
     theta = numpyro.sample("theta", dist.Normal(0.0, PRIOR_SCALE).expand([L.shape[0]]).to_event(1))
     with numpyro.plate("data", W.shape[0], subsample_size=subsample_size):

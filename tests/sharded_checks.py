@@ -5,7 +5,7 @@ the suite keeps one device). ``python tests/sharded_checks.py [check ...]`` prin
 ``RESULTS {json}``; the assertions are in ``test_sharding.py``, which reads the numbers.
 
 The model is a Gaussian location model (every per-datum Hessian is ``-P``, so minibatch noise
-is exactly additive and the discrete-Lyapunov law of theory §3 is exact) with a *strong*
+is exactly additive and the discrete-Lyapunov law of ``docs/theory.md`` §3 is exact) with a *strong*
 prior, as informative as a few hundred data: a prior counted once per device, or a likelihood
 scaled by the number of devices, then moves the law by many standard errors.
 """
@@ -43,20 +43,20 @@ from numpyro_sgmc import (  # noqa: E402
     SGLDFP,
     AdaSGHMC,
     ChainInit,
-    ConvergenceWarning,
     Diagonal,
     shard_data,
+    sharding,  # noqa: E402
     warm_start,
 )
 from numpyro_sgmc.batches import BATCH_SAMPLING  # noqa: E402
-from numpyro_sgmc.gradients import full_data_gradient, minibatch_gradient  # noqa: E402
-from numpyro_sgmc.sharding import (  # noqa: E402
-    data_layout,
-    data_parallel_full_gradient,
-    data_parallel_gradient,
-)
-from numpyro_sgmc.subsample import initialize  # noqa: E402
+from numpyro_sgmc.bde import chain_init  # noqa: E402
+from numpyro_sgmc.diagnostics import ConvergenceWarning  # noqa: E402
+from numpyro_sgmc.gradients import full_data_gradient  # noqa: E402
+from numpyro_sgmc.model import prepare_model  # noqa: E402
+from numpyro_sgmc.sharding import data_layout  # noqa: E402
 from numpyro_sgmc.theory import stationary_covariance  # noqa: E402
+
+SGHMC_STEP = N * 2e-3**2  # h = n η² for Chen et al.'s η = 2e-3
 
 D = len(jax.devices())
 
@@ -102,15 +102,15 @@ def check_gradient_moments():
     b, K = 40, 4000
     out = {"num_devices": D}
     args = (W, p["L"])
-    prep = initialize(jax.random.key(0), location, args, batch_size=b)
+    prep = prepare_model(jax.random.key(0), location, args, batch_size=b)
     layout = data_layout(args, {}, prep.plates)
     assert layout is not None and layout.num_shards == D
-    estimate = minibatch_gradient(prep.potential_fn, N)
     for method in BATCH_SAMPLING:
-        init, gradient = data_parallel_gradient(layout, prep.plates, estimate, method)
+        estimator = sharding.minibatch(layout, prep.spec, method)
 
-        def one(k, init=init, gradient=gradient):
-            return gradient(z, init(k), k, args, {})[0]["theta"]
+        def one(k, estimator=estimator):
+            state = estimator.init(k, z, args, {})
+            return estimator.estimate(state, z, k, args, {})[0]["theta"]
 
         g = np.asarray(jax.jit(jax.vmap(one))(jax.random.split(jax.random.key(1), K)), np.float64)
         se = g.std(axis=0, ddof=1) / np.sqrt(K)
@@ -132,9 +132,9 @@ def check_gradient_moments():
     out["within_vs_total"] = float(np.max(np.abs(np.diag(shard_var) / np.diag(full_var) - 1)))
 
     # the exact full-data gradient, in chunks, summed over shards with the prior once
-    single = full_data_gradient(prep.potential_fn, prep.plates, z, (p["W"], p["L"]), {})
+    single = full_data_gradient(prep.spec, z, (p["W"], p["L"]), {})
     # 64-row chunks: 4 per shard
-    sharded = data_parallel_full_gradient(layout, prep.potential_fn, prep.plates, 64)(z, args, {})
+    sharded = sharding.full_data_gradient(layout, prep.spec, 64)(z, args, {})
     scale = np.max(np.abs(exact))
     out["full_gradient_error"] = float(np.max(np.abs(np.asarray(sharded["theta"]) - exact)) / scale)
     out["full_gradient_single_error"] = float(
@@ -178,8 +178,8 @@ def _kernels(p, b):
         "SGLD": lambda: SGLD(location, 0.05, batch_size=b, num_steps=5),
         "SGLDFP": lambda: SGLDFP(location, 0.05, batch_size=b, num_steps=5),
         "SGD": lambda: SGD(location, 0.05, batch_size=b, num_steps=5),
-        "SGHMC": lambda: SGHMC(location, 2e-3, batch_size=b, num_steps=5),
-        "AdaSGHMC": lambda: AdaSGHMC(location, 2e-3, batch_size=b, num_steps=5),
+        "SGHMC": lambda: SGHMC(location, SGHMC_STEP, batch_size=b, num_steps=5),
+        "AdaSGHMC": lambda: AdaSGHMC(location, SGHMC_STEP, batch_size=b, num_steps=5),
     }
 
 
@@ -201,7 +201,7 @@ def check_same_draws():
         for label, data in (("single", p["W"]), ("sharded", W)):
             kernel = make()
             draws[label] = _draws(kernel, data, p["L"], _start(p, 4), 4, 5, 20)
-            assert (kernel._layout is not None) == (label == "sharded")
+            assert (kernel.shards is not None) == (label == "sharded")
         out[name] = {
             "max_diff_in_sd": float(np.max(np.abs(draws["single"] - draws["sharded"]) / sd)),
             "spread_in_sd": float(np.max(np.std(draws["single"], axis=1) / sd)),
@@ -222,7 +222,7 @@ def check_stationary_law():
     mcmc = _run(kernel, W, p["L"], init, chains, LAW["warmup"], LAW["samples"], jit_model_args=True)
     x = np.asarray(mcmc.get_samples(group_by_chain=True)["theta"])
     seconds = time.perf_counter() - t0
-    assert kernel._layout is not None
+    assert kernel.shards is not None
     means, covs = chain_estimates(x)
     mean_z, _ = z_scores(means, p["mode"])
     cov_z, cov_se = z_scores(covs, cov)
@@ -290,26 +290,29 @@ def check_parallel_chains():
         if name in ("SGLDFP", "AdaSGHMC"):  # the first- and the second-order update
             out[name]["max_diff"] = _max_diff_last_chain(make, p, inits[name], draws, 5, 10)
         if name in ("SGLD", "SGHMC"):
-            kept = np.asarray(mcmc.last_state.preconditioner.scale["theta"])
-            given = np.asarray(per_chain.scale["theta"])
+            params = mcmc.last_state.params
+            kept = np.asarray(
+                params.mass.values if name == "SGHMC" else params.preconditioner.values
+            )
+            given = np.asarray(per_chain.values["theta"])
             out[name]["preconditioners_kept"] = bool(np.allclose(kept, given))
 
     # a deep ensemble: K Adam runs, one SGHMC chain per member and device, own masses
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         warm = warm_start(
-            location, p["W"], p["L"], rng_key=jax.random.key(0), num_restarts=chains,
+            location, jax.random.key(0), p["W"], p["L"], num_restarts=chains,
             num_epochs=3, learning_rate=0.02,
         )  # fmt: skip
-    init = warm.chain_init("first_moment", granularity="parameter")
+    init = chain_init(warm, "first_moment", granularity="parameter")
 
     def sghmc():
-        return SGHMC(location, 2e-3, batch_size=40, num_steps=5)
+        return SGHMC(location, SGHMC_STEP, batch_size=40, num_steps=5)
 
     mcmc = _run(sghmc(), p["W"], p["L"], init, chains, 0, 10, chain_method="parallel")
     draws = np.asarray(mcmc.get_samples(group_by_chain=True)["theta"])
-    kept = np.asarray(mcmc.last_state.preconditioner.scale["theta"])
-    given = np.asarray(init.preconditioner.scale["theta"])
+    kept = np.asarray(mcmc.last_state.params.mass.values)
+    given = np.asarray(init.preconditioner.values["theta"])
     modes = np.asarray(warm.params["theta"])
     nearest = np.argmin(np.linalg.norm(draws[:, 0][:, None] - modes[None], axis=-1), axis=1)
     out["deep_ensemble"] = {

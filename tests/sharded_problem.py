@@ -1,7 +1,8 @@
 """The problem the multi-device and multi-host checks share (no JAX computation at import).
 
 A Gaussian location model: ``w_i = Lᵀy_i ~ N(Lᵀθ, I)``, every per-datum Hessian ``-P``, so
-minibatch gradient noise is exactly additive and the discrete-Lyapunov law of theory §3 is the
+minibatch gradient noise is exactly additive and the discrete-Lyapunov law of
+``docs/theory.md`` §3 is the
 exact stationary law at any step size. The prior is *strong*, as informative as several hundred
 data: a prior counted once per device, or a likelihood scaled by the number of devices, then
 moves the law by many standard errors.

@@ -36,7 +36,7 @@ def test_pairs_of_permuted_indices_are_uniform(n):
 
 
 def test_without_replacement_draws_distinct_indices():
-    plates = {"data": SubsamplePlate(1000, 300)}
+    plates = (SubsamplePlate("data", 1000, 300),)
     sampler = batch_sampler(plates, "without_replacement")
     for seed in range(5):
         batch, _ = sampler.draw(sampler.init(jax.random.key(0)), jax.random.key(seed))
@@ -46,7 +46,7 @@ def test_without_replacement_draws_distinct_indices():
 
 
 def test_epochs_visit_each_datum_at_most_once_per_epoch():
-    plates = {"a": SubsamplePlate(103, 10), "b": SubsamplePlate(40, 8)}
+    plates = (SubsamplePlate("a", 103, 10), SubsamplePlate("b", 40, 8))
     sampler = batch_sampler(plates, "epochs")
     state = sampler.init(jax.random.key(1))
     seen = {"a": [], "b": []}
@@ -66,7 +66,7 @@ def test_epochs_visit_each_datum_at_most_once_per_epoch():
 
 
 def test_full_batch_is_the_data_in_order():
-    plates = {"data": SubsamplePlate(50, 50)}
+    plates = (SubsamplePlate("data", 50, 50),)
     for method in ("with_replacement", "without_replacement", "epochs", "blocks"):
         sampler = batch_sampler(plates, method)
         batch, _ = sampler.draw(sampler.init(jax.random.key(0)), jax.random.key(1))
@@ -75,11 +75,11 @@ def test_full_batch_is_the_data_in_order():
 
 def test_unknown_method():
     with pytest.raises(ValueError, match="Unknown batch_sampling 'shuffle'.*epochs"):
-        batch_sampler({"data": SubsamplePlate(10, 2)}, "shuffle")
+        batch_sampler((SubsamplePlate("data", 10, 2),), "shuffle")
 
 
 def test_blocks_are_consecutive_rows_wrapping_around():
-    plates = {"data": SubsamplePlate(50, 20)}
+    plates = (SubsamplePlate("data", 50, 20),)
     sampler = batch_sampler(plates, "blocks")
     for seed in range(20):
         batch, _ = sampler.draw((), jax.random.key(seed))

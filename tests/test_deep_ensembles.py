@@ -1,4 +1,4 @@
-"""The Bayesian deep-ensemble workflow end to end, at a reduced size (theory §6).
+"""The Bayesian deep-ensemble workflow end to end, at a reduced size (``docs/theory.md`` §6).
 
 ``K`` vectorised Adam runs, ``K`` SGHMC chains started at the ``K`` modes with their own
 optimizer-informed masses and no warm-up, posterior-predictive metrics on held-out data. The
@@ -18,10 +18,18 @@ import numpy as np
 import pytest
 from numpyro.infer import MCMC, Predictive
 
-from numpyro_sgmc import SGHMC, ConvergenceWarning, mass_from_warm_start, warm_start
-from numpyro_sgmc.datasets import diabetes, digits
-from numpyro_sgmc.networks import lenet, mlp
-from numpyro_sgmc.predictive import evaluate
+from numpyro_sgmc import SGHMC, warm_start
+from numpyro_sgmc.bde import (
+    chain_init,
+    diabetes,
+    digits,
+    evaluate,
+    lenet,
+    mass_from_warm_start,
+    mlp,
+)
+from numpyro_sgmc.diagnostics import ConvergenceWarning
+from problems import flat_masses
 
 K = 4
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,9 +40,9 @@ def fit(model, X, y, epochs):
         warnings.simplefilter("ignore", ConvergenceWarning)  # a network's modes are not points
         return warm_start(
             model,
+            jax.random.key(0),
             X,
             y,
-            rng_key=jax.random.key(0),
             num_restarts=K,
             num_epochs=epochs,
             learning_rate=0.01,
@@ -42,7 +50,8 @@ def fit(model, X, y, epochs):
 
 
 def sample(model, X, y, init, eta, steps=300, thin=20):
-    kernel = SGHMC(model, eta, num_steps=thin)
+    """SGHMC at Chen et al.'s step ``eta``: the library's ``h = n η²``."""
+    kernel = SGHMC(model, X.shape[0] * eta**2, num_steps=thin)
     mcmc = MCMC(
         kernel,
         num_warmup=0,
@@ -66,12 +75,13 @@ def regression():
 @pytest.mark.parametrize("statistic", [None, "first_moment"])  # all four: the benchmark test
 def test_regression_ensemble_predicts_held_out_data(regression, statistic):
     data, model, warm = regression
-    kernel, mcmc = sample(model, data.X_train, data.y_train, warm.chain_init(statistic), 1e-2)
+    kernel, mcmc = sample(model, data.X_train, data.y_train, chain_init(warm, statistic), 1e-2)
     assert int(np.sum(mcmc.last_state.num_diverging)) == 0
     if statistic is not None:  # each chain kept its own member's mass
         masses = mass_from_warm_start(warm, statistic)
-        for site, value in masses.scale.items():
-            np.testing.assert_allclose(mcmc.last_state.preconditioner.scale[site], value)
+        np.testing.assert_allclose(
+            mcmc.last_state.params.mass.values, flat_masses(masses, warm.params), rtol=1e-6
+        )
     draws = mcmc.get_samples(group_by_chain=True)
     # chain k started at mode k: its first draw is nearer mode k than any other mode
     first = np.asarray(draws["dense0.kernel"][:, 0]).reshape(K, -1)
@@ -94,15 +104,15 @@ def test_regression_ensemble_predicts_held_out_data(regression, statistic):
     assert predicted.shape == (K * 15, data.X_test.shape[0])
 
 
+@pytest.mark.slow
 def test_cnn_ensemble_runs_with_zero_warmup_on_digits():
     data = digits(seed=0)
     X, y = jnp.asarray(data.X_train[:400]), jnp.asarray(data.y_train[:400])
     model = lenet(num_classes=10, batch_size=64)
     warm = fit(model, X, y, epochs=10)
-    assert {k: v.shape[0] for k, v in mass_from_warm_start(warm).scale.items()} == dict.fromkeys(
-        warm.params, K
-    )
-    kernel, mcmc = sample(model, X, y, warm.chain_init("first_moment"), 1e-2, steps=100)
+    masses = mass_from_warm_start(warm).values
+    assert {k: v.shape[0] for k, v in masses.items()} == dict.fromkeys(warm.params, K)
+    kernel, mcmc = sample(model, X, y, chain_init(warm, "first_moment"), 1e-2, steps=100)
     assert int(np.sum(mcmc.last_state.num_diverging)) == 0
     metrics = evaluate(kernel.model, mcmc.get_samples(), data.X_test, y=data.y_test)
     assert set(metrics) == {"lppd", "accuracy", "ece"}
@@ -111,6 +121,7 @@ def test_cnn_ensemble_runs_with_zero_warmup_on_digits():
     assert 0.0 <= metrics["ece"] <= 1.0
 
 
+@pytest.mark.slow
 def test_benchmark_script_runs_at_small_size():
     result = subprocess.run(
         [
@@ -129,3 +140,36 @@ def test_benchmark_script_runs_at_small_size():
     assert result.returncode == 0, result.stderr[-3000:]
     for label in ("deep ensemble (Adam)", "SGHMC, first-moment M", "AdaSGHMC", "cosine"):
         assert label in result.stdout
+
+
+@pytest.mark.slow
+def test_anchor_benchmark_runs_at_small_size():
+    """``benchmarks/bde_anchor.py --size small`` (one seed of airfoil, ``K = 3``, no bde): the
+    table, the automatic steps it chose, and the sweep with its verdict."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "bde_anchor.py"),
+            "--size",
+            "small",
+            "--bde-python",
+            "",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert "bde not run" in out and "step_size='auto'" in out
+    for label in (
+        "| airfoil | bde (published",
+        "| airfoil | deep ensemble |",
+        "| airfoil | ours |",
+    ):
+        assert label in out
+    ours = next(line for line in out.splitlines() if line.startswith("| airfoil | ours |"))
+    rmse, nll = (float(cell) for cell in ours.split("|")[3:5])
+    assert rmse < 0.9 and np.isfinite(nll)  # standardised y: a constant predicts at RMSE ≈ 1
+    assert ours.rstrip(" |").endswith("| 0")  # no divergent step
+    assert "within 10% of best" in out

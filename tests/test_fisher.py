@@ -1,4 +1,4 @@
-"""J, J_prior, I (theory §1, §3) from the model's plates, against exact ones."""
+"""J, J_prior, I (``docs/theory.md`` §1, §3) from the model's plates, against exact ones."""
 
 import jax
 import jax.numpy as jnp
@@ -16,9 +16,16 @@ from problems import (
     two_groups,
 )
 
+KEY = jax.random.key(0)
+
 
 def rel_err(a, b):
-    return np.max(np.abs(np.asarray(a) - np.asarray(b))) / np.max(np.abs(b))
+    return np.max(np.abs(np.asarray(a) - np.asarray(b))) / np.max(np.abs(np.asarray(b)))
+
+
+def noise(info, batch_size=None):
+    """The per-step covariance of the minibatch gradient, as a matrix."""
+    return np.asarray(info.gradient_noise(batch_size).constant)
 
 
 @pytest.mark.parametrize("heteroscedastic", [False, True])
@@ -27,7 +34,7 @@ def test_linear_regression_matches_exact_j_and_i(heteroscedastic):
     # chunk_size 96: 11 chunks of 91 rows, the last one padded with a weight-0 row
     with jax.enable_x64(True):
         X, y = jnp.asarray(p.X, jnp.float64), jnp.asarray(p.y, jnp.float64)
-        info = information(linear_regression, X, y, params={"theta": p.mode}, chunk_size=96)
+        info = information(linear_regression, KEY, X, y, params={"theta": p.mode}, chunk_size=96)
     # problems.py computes J, I from the float64 data before its float32 rounding (~1e-8)
     assert rel_err(info.potential_curvature, p.J) < 1e-6
     assert rel_err(info.I, p.I) < 1e-6
@@ -35,15 +42,15 @@ def test_linear_regression_matches_exact_j_and_i(heteroscedastic):
     np.testing.assert_allclose(info.J_prior, np.eye(3) / PRIOR_SCALE**2 / p.n, rtol=1e-12)
     assert np.max(np.abs(info.mean_gradient)) < 1e-6 * np.sqrt(np.max(np.diag(p.I)))
     assert info.num_data == info.num_rows == 1000 and info.regularization == 0.0
-    assert info.layout == [("theta", 0, 3, (3,))]
-    np.testing.assert_allclose(info.gradient_noise(), p.I / 100, rtol=1e-6)  # b = 100
-    np.testing.assert_allclose(info.gradient_noise(7), p.I / 7, rtol=1e-6)
+    assert info.layout.sites == (("theta", 0, 3, (3,)),)
+    np.testing.assert_allclose(noise(info), p.I / 100, rtol=1e-6)  # b = 100
+    np.testing.assert_allclose(noise(info, 7), p.I / 7, rtol=1e-6)
     np.testing.assert_allclose(info.unflatten(np.arange(3.0))["theta"], np.arange(3.0))
     assert info.condition_numbers["J"] == pytest.approx(np.linalg.cond(p.J), rel=1e-6)
     assert "d=3" in str(info) and "n=1000" in str(info)
 
     if heteroscedastic:  # the default float32, chunked with compensated sums
-        info32 = information(linear_regression, p.X, p.y, params={"theta": p.mode})
+        info32 = information(linear_regression, KEY, p.X, p.y, params={"theta": p.mode})
         assert rel_err(info32.potential_curvature, p.J) < 1e-5
         assert rel_err(info32.I, p.I) < 1e-5
 
@@ -52,17 +59,19 @@ def test_row_subsample_is_close_within_its_sampling_error():
     p = make_linear_regression(n=1000, heteroscedastic=True)
     args = (p.X, p.y)
     z = {"theta": p.mode}
-    full = information(linear_regression, *args, params=z, num_rows=1000)
+    full = information(linear_regression, KEY, *args, params=z, num_rows=1000)
     assert rel_err(full.I, p.I) < 1e-5 and full.num_rows == 1000
     # keyword arguments: arrays travel as data, python ints stay static (the plate's b)
-    kw = information(linear_regression, p.X, y=p.y, subsample_size=50, params=z)
+    kw = information(
+        linear_regression, KEY, p.X, params=z, model_kwargs={"y": p.y, "subsample_size": 50}
+    )
     np.testing.assert_allclose(kw.I, full.I, rtol=1e-6)
-    np.testing.assert_allclose(kw.gradient_noise(), full.I / 50, rtol=1e-6)
+    np.testing.assert_allclose(noise(kw), full.I / 50, rtol=1e-6)
 
     m, n = 200, p.n
     key = jax.random.PRNGKey(7)
-    sub = information(linear_regression, *args, params=z, num_rows=m, rng_key=key)
-    again = information(linear_regression, *args, params=z, num_rows=m, rng_key=key)
+    sub = information(linear_regression, key, *args, params=z, num_rows=m)
+    again = information(linear_regression, key, *args, params=z, num_rows=m)
     assert sub.num_rows == m and sub.num_data == n
     np.testing.assert_array_equal(sub.I, again.I)  # deterministic given the key
     # standard errors of a mean of m of n rows drawn without replacement
@@ -73,8 +82,8 @@ def test_row_subsample_is_close_within_its_sampling_error():
         * (np.asarray(p.y, np.float64) - np.asarray(p.X, np.float64) @ p.mode)[:, None]
     )
     se_I = np.std(np.einsum("ni,nj->nij", grads, grads), axis=0) * fpc
-    assert np.all(np.abs(sub.potential_curvature - p.J) < 5 * se_J + 1e-6)
-    assert np.all(np.abs(sub.I - p.I) < 5 * se_I + 2 * np.max(np.abs(p.I)) / m)
+    assert np.all(np.abs(np.asarray(sub.potential_curvature) - p.J) < 5 * se_J + 1e-6)
+    assert np.all(np.abs(np.asarray(sub.I) - p.I) < 5 * se_I + 2 * np.max(np.abs(p.I)) / m)
     assert rel_err(sub.I, p.I) > 1e-4  # it really is a subsample
 
 
@@ -101,6 +110,7 @@ def test_constrained_site_per_datum_terms_exclude_prior_and_jacobian():
     s = np.log((sigma - LOW) / (HIGH - sigma))  # unconstrained value of sigma
     info = information(
         regression_with_noise_scale,
+        KEY,
         jnp.asarray(X, jnp.float32),
         jnp.asarray(y, jnp.float32),
         params={"sigma": s, "theta": theta},
@@ -130,7 +140,7 @@ def test_constrained_site_per_datum_terms_exclude_prior_and_jacobian():
         hess = np.asarray(jax.vmap(jax.hessian(loglik), (None, 0, 0))(z, Xj, yj))
         J_prior = np.asarray(jax.hessian(global_part)(z)) / n
         mean_grad = (grads.sum(0) - np.asarray(jax.grad(global_part)(z))) / n
-    assert [site for site, *_ in info.layout] == ["sigma", "theta"]
+    assert [site for site, *_ in info.layout.sites] == ["sigma", "theta"]
     assert J_prior[0, 0] > 0.1 / n  # the Jacobian's curvature, which J must not contain
     assert rel_err(info.J, -hess.mean(0)) < 1e-5
     assert rel_err(info.J_prior, J_prior) < 1e-5
@@ -143,7 +153,7 @@ def test_two_plates_pool_their_covariances_with_weights_n_p_over_n():
     n1, n2 = 300, 700
     y1, y2, mean, _ = make_two_groups(n1=n1, n2=n2)
     delta, mu = mean
-    info = information(two_groups, y1, y2, params={"delta": delta, "mu": mu}, chunk_size=128)
+    info = information(two_groups, KEY, y1, y2, params={"delta": delta, "mu": mu}, chunk_size=128)
     n = n1 + n2
     y1n, y2n = np.asarray(y1, np.float64), np.asarray(y2, np.float64)
     # per-datum gradients in (delta, mu): plate a (0, y1 - mu); plate b (r, r), r = resid / 4
@@ -152,22 +162,22 @@ def test_two_plates_pool_their_covariances_with_weights_n_p_over_n():
     gb = np.column_stack([r, r])
     cov_a, cov_b = np.cov(ga.T, bias=True), np.cov(gb.T, bias=True)
     J = (n1 * np.diag([0.0, 1.0]) + n2 * np.full((2, 2), 0.25)) / n
-    assert info.num_data == n and set(info.plates) == {"a", "b"}
+    assert info.num_data == n and {p.name for p in info.plates} == {"a", "b"}
     np.testing.assert_allclose(info.J, J, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(info.J_prior, np.eye(2) / PRIOR_SCALE**2 / n, rtol=1e-5)
     np.testing.assert_allclose(info.plate_covariances["a"], cov_a, rtol=1e-4, atol=1e-7)
     np.testing.assert_allclose(info.plate_covariances["b"], cov_b, rtol=1e-4, atol=1e-7)
     np.testing.assert_allclose(info.I, (n1 * cov_a + n2 * cov_b) / n, rtol=1e-4, atol=1e-7)
     # ĝ noise per step: Σ_p (n_p/n)² Cov_p / b_p with the model's b_a = 50, b_b = 20
-    noise = (n1 / n) ** 2 * cov_a / 50 + (n2 / n) ** 2 * cov_b / 20
-    np.testing.assert_allclose(info.gradient_noise(), noise, rtol=1e-4, atol=1e-9)
-    noise_10 = (n1 / n) ** 2 * cov_a / 10 + (n2 / n) ** 2 * cov_b / 10
-    np.testing.assert_allclose(info.gradient_noise(10), noise_10, rtol=1e-4, atol=1e-9)
+    step = (n1 / n) ** 2 * cov_a / 50 + (n2 / n) ** 2 * cov_b / 20
+    np.testing.assert_allclose(noise(info), step, rtol=1e-4, atol=1e-9)
+    step_10 = (n1 / n) ** 2 * cov_a / 10 + (n2 / n) ** 2 * cov_b / 10
+    np.testing.assert_allclose(noise(info, 10), step_10, rtol=1e-4, atol=1e-9)
     np.testing.assert_allclose(
-        info.gradient_noise({"b": 10}), noise - (n2 / n) ** 2 * cov_b * (1 / 20 - 1 / 10)
+        noise(info, {"b": 10}), step - (n2 / n) ** 2 * cov_b * (1 / 20 - 1 / 10)
     )
 
-    sub = information(two_groups, y1, y2, params={"delta": delta, "mu": mu}, num_rows=100)
+    sub = information(two_groups, KEY, y1, y2, params={"delta": delta, "mu": mu}, num_rows=100)
     assert sub.num_rows == 100  # 30 rows of plate a, 70 of plate b
     np.testing.assert_allclose(sub.J, J, rtol=1e-5, atol=1e-7)  # the Hessians are constant
 
@@ -175,22 +185,23 @@ def test_two_plates_pool_their_covariances_with_weights_n_p_over_n():
 def test_diagonal_kind_is_within_hutchinson_error_of_the_dense_diagonal():
     p = make_linear_regression(n=500, d=6, rho=0.5, heteroscedastic=True)
     args, z = (p.X, p.y), {"theta": p.mode}
-    dense = information(linear_regression, *args, params=z)
+    dense = information(linear_regression, KEY, *args, params=z)
     K = 64
-    diag = information(linear_regression, *args, params=z, kind="diagonal", num_probes=K)
-    assert diag.J.shape == diag.I.shape == (6,) and diag.num_probes == K
-    assert "64 probes" in str(diag)
+    diag = information(linear_regression, KEY, *args, params=z, kind="diagonal", num_probes=K)
+    assert diag.kind == "diagonal" and diag.J.values.shape == diag.I.values.shape == (6,)
+    assert diag.num_probes == K and "64 probes" in str(diag)
     # Rademacher probes: v_j (Hv)_j = H_jj + Σ_{k≠j} H_jk v_j v_k, variance Σ_{k≠j} H_jk²
-    off = dense.J - np.diag(np.diag(dense.J))
+    dJ = np.asarray(dense.J)
+    off = dJ - np.diag(np.diag(dJ))
     se = np.sqrt(np.sum(off**2, axis=1) / K)
-    assert np.all(np.abs(diag.J - np.diag(dense.J)) < 4.5 * se)
-    assert np.any(np.abs(diag.J - np.diag(dense.J)) > 1e-3 * se)  # it is an estimate
-    np.testing.assert_allclose(diag.J_prior, np.diag(dense.J_prior), rtol=1e-5)  # diagonal
-    np.testing.assert_allclose(diag.I, np.diag(dense.I), rtol=1e-5)  # exact
-    np.testing.assert_allclose(diag.sandwich, diag.I / diag.potential_curvature**2)
+    assert np.all(np.abs(diag.J.values - np.diag(dJ)) < 4.5 * se)
+    assert np.any(np.abs(diag.J.values - np.diag(dJ)) > 1e-3 * se)  # it is an estimate
+    np.testing.assert_allclose(diag.J_prior.values, np.diag(np.asarray(dense.J_prior)), rtol=1e-5)
+    np.testing.assert_allclose(diag.I.values, np.diag(np.asarray(dense.I)), rtol=1e-5)  # exact
     np.testing.assert_allclose(
-        diag.gradient_noise(), np.diag(dense.gradient_noise()), rtol=1e-5, atol=1e-12
+        diag.sandwich.values, diag.I.values / diag.potential_curvature.values**2
     )
+    np.testing.assert_allclose(noise(diag), np.diag(np.diag(noise(dense))), rtol=1e-5, atol=1e-12)
 
 
 def independent_means(y, scales):
@@ -207,15 +218,15 @@ def test_diagonal_kind_is_exact_for_a_diagonal_hessian():
     y = rng.standard_normal((300, 4)) * scales + 1.0
     params = {"loc": jnp.asarray(y.mean(0), jnp.float32), "shift": jnp.array(0.3)}
     info = information(
-        independent_means, jnp.asarray(y, jnp.float32), scales, params=params, kind="diagonal"
+        independent_means, KEY, jnp.asarray(y, jnp.float32), scales, params=params, kind="diagonal"
     )
     # flat order (loc[0..3], shift); shift does not enter the likelihood
-    np.testing.assert_allclose(info.J, np.append(1 / scales**2, 0.0), rtol=1e-5)
-    np.testing.assert_allclose(info.J_prior, np.full(5, 1 / PRIOR_SCALE**2 / 300), rtol=1e-5)
+    np.testing.assert_allclose(info.J.values, np.append(1 / scales**2, 0.0), rtol=1e-5)
+    np.testing.assert_allclose(info.J_prior.values, np.full(5, 1 / PRIOR_SCALE**2 / 300), rtol=1e-5)
     per_datum = (y - y.mean(0)) / scales**2
-    np.testing.assert_allclose(info.I[:4], per_datum.var(0), rtol=1e-4)
-    assert info.I[4] == 0.0
-    assert set(info.unflatten(info.I)) == {"loc", "shift"}
+    np.testing.assert_allclose(info.I.values[:4], per_datum.var(0), rtol=1e-4)
+    assert info.I.values[4] == 0.0
+    assert set(info.unflatten(info.I.values)) == {"loc", "shift"}
 
 
 def duplicated_columns(n=500, seed=0):
@@ -227,7 +238,7 @@ def duplicated_columns(n=500, seed=0):
 
 
 def flat_prior_regression(X, y):
-    # a prior this wide is flat: subsample.initialize traces the model by sampling, which an
+    # a prior this wide is flat: prepare_model traces the model by sampling, which an
     # ImproperUniform site does not support
     theta = numpyro.sample("theta", dist.Normal(0.0, 1e6).expand([X.shape[1]]).to_event(1))
     with numpyro.plate("data", X.shape[0], subsample_size=50):
@@ -239,17 +250,17 @@ def test_singular_j_raises_and_regularize_fixes_it():
     X, y = duplicated_columns()
     z = {"theta": jnp.array([0.5, 0.5, 0.0])}
     with pytest.raises(ValueError, match="regularize") as err:
-        information(flat_prior_regression, X, y, params=z)
+        information(flat_prior_regression, KEY, X, y, params=z)
     assert "theta[0]" in str(err.value) and "theta[1]" in str(err.value)
     assert "smallest eigenvalue" in str(err.value)
 
-    auto = information(flat_prior_regression, X, y, params=z, regularize="auto")
+    auto = information(flat_prior_regression, KEY, X, y, params=z, regularize="auto")
     vals = np.linalg.eigvalsh(auto.potential_curvature)
     assert auto.regularization > 0 and vals[0] >= 0.99e-6 * vals[-1]
     assert vals[0] < 1e-4 * vals[-1]  # the smallest ridge that does it, not a big one
-    assert np.all(np.isfinite(auto.sandwich)) and "regularization" in str(auto)
+    assert np.all(np.isfinite(np.asarray(auto.sandwich))) and "regularization" in str(auto)
 
-    ridge = information(flat_prior_regression, X, y, params=z, regularize=0.01)
+    ridge = information(flat_prior_regression, KEY, X, y, params=z, regularize=0.01)
     assert ridge.regularization == 0.01
     np.testing.assert_allclose(ridge.J - auto.J, (0.01 - auto.regularization) * np.eye(3))
 
@@ -263,12 +274,14 @@ def test_errors_for_no_subsample_plate_bad_params_and_non_finite_values():
             numpyro.sample("y", dist.Normal(X @ theta, 1.0), obs=y)
 
     with pytest.raises(ValueError, match="no subsample plate"):
-        information(no_subsample, X, y, params={"theta": jnp.zeros(3)})
+        information(no_subsample, KEY, X, y, params={"theta": jnp.zeros(3)})
     with pytest.raises(ValueError, match="latent sites"):
-        information(flat_prior_regression, X, y, params={"beta": jnp.zeros(3)})
+        information(flat_prior_regression, KEY, X, y, params={"beta": jnp.zeros(3)})
     with pytest.raises(ValueError, match="no chain axis"):
-        information(flat_prior_regression, X, y, params={"theta": jnp.zeros((2, 3))})
+        information(flat_prior_regression, KEY, X, y, params={"theta": jnp.zeros((2, 3))})
     with pytest.raises(ValueError, match="not at a mode"):
-        information(flat_prior_regression, X, y, params={"theta": jnp.array([0.0, np.nan, 0.0])})
+        information(
+            flat_prior_regression, KEY, X, y, params={"theta": jnp.array([0.0, np.nan, 0.0])}
+        )
     with pytest.raises(ValueError, match="kind"):
-        information(flat_prior_regression, X, y, params={"theta": jnp.zeros(3)}, kind="full")
+        information(flat_prior_regression, KEY, X, y, params={"theta": jnp.zeros(3)}, kind="full")

@@ -8,14 +8,8 @@ import pytest
 from jax.flatten_util import ravel_pytree
 
 from numpyro_sgmc import SGLD, SGLDFP
-from numpyro_sgmc.batches import batch_sampler
-from numpyro_sgmc.gradients import (
-    Centre,
-    control_variate_gradient,
-    full_data_gradient,
-    minibatch_gradient,
-)
-from numpyro_sgmc.subsample import initialize, num_data
+from numpyro_sgmc.gradients import control_variates, full_data_gradient, minibatch
+from numpyro_sgmc.model import prepare_model
 from problems import (
     PRIOR_SCALE,
     linear_regression,
@@ -32,17 +26,19 @@ def exact_linear_gradient(p, theta):
     return (per_datum.sum(0) - theta / PRIOR_SCALE**2) / p.n, per_datum
 
 
-def batch_gradients(estimate, plates, z, args, centre=None, draws=20000, method="with_replacement"):
-    """Gradient estimates on ``draws`` independent batches (epochs: consecutive batches)."""
-    sampler = batch_sampler(plates, method)
+def batch_gradients(estimator, z, args, centre=None, draws=20000):
+    """Gradient estimates on ``draws`` batches (consecutive batches for epochs)."""
 
     def one(state, k):
-        batch, state = sampler.draw(state, k)
-        return state, ravel_pytree(estimate(z, batch, args, {}, centre))[0]
+        g, state = estimator.estimate(state, z, k, args, {})
+        return state, ravel_pytree(g)[0]
+
+    def run(keys):
+        state = estimator.init(keys[0], z if centre is None else centre, args, {})
+        return jax.lax.scan(one, state, keys)[1]
 
     keys = jax.random.split(jax.random.key(3), draws)
-    _, grads = jax.jit(lambda keys: jax.lax.scan(one, sampler.init(keys[0]), keys))(keys)
-    return np.asarray(grads, np.float64)
+    return np.asarray(jax.jit(run)(keys), np.float64)
 
 
 @pytest.mark.parametrize(
@@ -62,13 +58,12 @@ def test_minibatch_gradient_is_unbiased_with_the_batch_size_used(n, batch_size, 
     if order == "sorted":
         rows = np.argsort(np.asarray(p.y))
         p = p._replace(X=p.X[rows], y=p.y[rows])
-    prep = initialize(jax.random.key(0), linear_regression, (p.X, p.y), batch_size=batch_size)
+    prep = prepare_model(jax.random.key(0), linear_regression, (p.X, p.y), batch_size=batch_size)
     b = 100 if batch_size is None else batch_size
-    assert prep.plates["data"].batch_size == b
+    assert prep.spec.plate("data").batch_size == b
     theta = p.mode + np.array([0.3, -0.2, 0.1])
     z = {"theta": jnp.asarray(theta, jnp.float32)}
-    estimate = minibatch_gradient(prep.potential_fn, p.n)
-    g = batch_gradients(estimate, prep.plates, z, (p.X, p.y), method=method)
+    g = batch_gradients(minibatch(prep.spec, method), z, (p.X, p.y))
     exact, per_datum = exact_linear_gradient(p, theta)
     se = g.std(0) / np.sqrt(len(g))
     assert np.all(np.abs(g.mean(0) - exact) < 4.5 * se)
@@ -86,11 +81,10 @@ def test_minibatch_gradient_is_unbiased_with_the_batch_size_used(n, batch_size, 
 def test_an_epoch_sums_to_the_full_gradient():
     """Random reshuffling: the n/b batches of an epoch cover the data once (b divides n)."""
     p = make_linear_regression(n=1000)
-    prep = initialize(jax.random.key(0), linear_regression, (p.X, p.y), batch_size=40)
+    prep = prepare_model(jax.random.key(0), linear_regression, (p.X, p.y), batch_size=40)
     theta = p.mode + np.array([0.3, -0.2, 0.1])
     z = {"theta": jnp.asarray(theta, jnp.float32)}
-    estimate = minibatch_gradient(prep.potential_fn, p.n)
-    g = batch_gradients(estimate, prep.plates, z, (p.X, p.y), draws=75, method="epochs")
+    g = batch_gradients(minibatch(prep.spec, "epochs"), z, (p.X, p.y), draws=75)
     exact, _ = exact_linear_gradient(p, theta)
     for epoch in g.reshape(3, 25, -1):
         np.testing.assert_allclose(epoch.mean(0), exact, rtol=2e-4, atol=1e-5)
@@ -99,13 +93,13 @@ def test_an_epoch_sums_to_the_full_gradient():
 
 def test_two_plates_each_scaled_by_its_own_size():
     y1, y2, _, _ = make_two_groups()
-    prep = initialize(jax.random.key(0), two_groups, (y1, y2), batch_size={"b": 5})
-    assert prep.plates["a"].batch_size == 50 and prep.plates["b"].batch_size == 5
-    n = num_data(prep.plates)
+    prep = prepare_model(jax.random.key(0), two_groups, (y1, y2), batch_size={"b": 5})
+    assert prep.spec.plate("a").batch_size == 50 and prep.spec.plate("b").batch_size == 5
+    n = prep.num_data
     assert n == 2500
     z = {"mu": jnp.float32(0.2), "delta": jnp.float32(-0.1)}
-    g = batch_gradients(minibatch_gradient(prep.potential_fn, n), prep.plates, z, (y1, y2))
-    exact = full_data_gradient(prep.potential_fn, prep.plates, z, (y1, y2), {})
+    g = batch_gradients(minibatch(prep.spec), z, (y1, y2))
+    exact = full_data_gradient(prep.spec, z, (y1, y2), {})
     exact = np.asarray(ravel_pytree(exact)[0])
     y1n, y2n = np.asarray(y1, np.float64), np.asarray(y2, np.float64)
     mu, delta = 0.2, -0.1
@@ -125,45 +119,46 @@ def test_two_plates_each_scaled_by_its_own_size():
 
 def test_control_variates_are_unbiased_and_exact_at_the_centre():
     p = make_linear_regression(n=1000)
-    prep = initialize(jax.random.key(0), linear_regression, (p.X, p.y), batch_size=10)
-    centre_z = {"theta": jnp.asarray(p.mode, jnp.float32)}
-    full = full_data_gradient(prep.potential_fn, prep.plates, centre_z, (p.X, p.y), {})
-    centre = Centre(centre_z, full)
-    estimate = control_variate_gradient(prep.potential_fn, p.n)
-    at_centre = batch_gradients(estimate, prep.plates, centre_z, (p.X, p.y), centre, draws=50)
+    prep = prepare_model(jax.random.key(0), linear_regression, (p.X, p.y), batch_size=10)
+    centre = {"theta": jnp.asarray(p.mode, jnp.float32)}
+    full = full_data_gradient(prep.spec, centre, (p.X, p.y), {})
+    estimator = control_variates(
+        minibatch(prep.spec), lambda z, args, kwargs: full_data_gradient(prep.spec, z, args, kwargs)
+    )
+    at_centre = batch_gradients(estimator, centre, (p.X, p.y), centre, draws=50)
     np.testing.assert_allclose(at_centre, np.tile(ravel_pytree(full)[0], (50, 1)), atol=2e-6)
     theta = p.mode + np.array([0.3, -0.2, 0.1])
     z = {"theta": jnp.asarray(theta, jnp.float32)}
-    g = batch_gradients(estimate, prep.plates, z, (p.X, p.y), centre)
+    g = batch_gradients(estimator, z, (p.X, p.y), centre)
     exact, _ = exact_linear_gradient(p, theta)
     se = g.std(0) / np.sqrt(len(g))
     assert np.all(np.abs(g.mean(0) - exact) < 4.5 * se)
-    plain = batch_gradients(minibatch_gradient(prep.potential_fn, p.n), prep.plates, z, (p.X, p.y))
+    plain = batch_gradients(minibatch(prep.spec), z, (p.X, p.y))
     assert np.all(g.var(0) < 0.5 * plain.var(0))  # the point of control variates
 
 
 @pytest.mark.parametrize("chunk_size", [1000, 333, 64])
 def test_full_data_gradient_in_chunks_is_exact(chunk_size):
     p = make_linear_regression(n=1000)
-    prep = initialize(jax.random.key(0), linear_regression, (p.X, p.y))
+    prep = prepare_model(jax.random.key(0), linear_regression, (p.X, p.y))
     theta = p.mode + np.array([0.3, -0.2, 0.1])
     z = {"theta": jnp.asarray(theta, jnp.float32)}
-    g = full_data_gradient(prep.potential_fn, prep.plates, z, (p.X, p.y), {}, chunk_size)
+    g = full_data_gradient(prep.spec, z, (p.X, p.y), {}, chunk_size)
     exact, _ = exact_linear_gradient(p, theta)
     np.testing.assert_allclose(np.asarray(g["theta"]), exact, rtol=2e-4, atol=2e-6)
 
 
 def test_two_plate_full_gradient_in_chunks_matches_one_pass():
     y1, y2, _, _ = make_two_groups(n1=2000, n2=517)
-    prep = initialize(jax.random.key(0), two_groups, (y1, y2))
+    prep = prepare_model(jax.random.key(0), two_groups, (y1, y2))
     z = {"mu": jnp.float32(0.2), "delta": jnp.float32(-0.1)}
-    one = full_data_gradient(prep.potential_fn, prep.plates, z, (y1, y2), {}, 4096)
-    chunked = full_data_gradient(prep.potential_fn, prep.plates, z, (y1, y2), {}, 300)
+    one = full_data_gradient(prep.spec, z, (y1, y2), {}, 4096)
+    chunked = full_data_gradient(prep.spec, z, (y1, y2), {}, 300)
     for k in one:
         np.testing.assert_allclose(chunked[k], one[k], rtol=1e-4, atol=1e-7)
 
 
-@pytest.mark.filterwarnings("ignore::numpyro_sgmc.CentreWarning")
+@pytest.mark.filterwarnings("ignore::numpyro_sgmc.diagnostics.CentreWarning")
 @pytest.mark.parametrize(
     "kernel_cls, method",
     [

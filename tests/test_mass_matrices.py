@@ -1,4 +1,4 @@
-"""Optimizer-informed mass matrices (theory §6) on a hand-checked two-layer network."""
+"""Optimizer-informed mass matrices (``docs/theory.md`` §6) on a hand-checked two-layer network."""
 
 import jax
 import jax.numpy as jnp
@@ -6,18 +6,16 @@ import numpy as np
 import pytest
 from numpyro.infer import MCMC
 
-from numpyro_sgmc import (
-    SGHMC,
-    ChainInit,
-    Diagonal,
-    WarmStart,
+from numpyro_sgmc import SGHMC, Diagonal, warm_start
+from numpyro_sgmc.bde import (
+    chain_init,
     layerwise_mass,
     mass_from_warm_start,
     pairwise_cosine_similarity,
     parameterwise_mass,
-    warm_start,
 )
-from problems import make_two_groups, two_groups
+from numpyro_sgmc.warmstart import WarmStart
+from problems import flat_masses, make_two_groups, two_groups
 
 # member 0's statistics on a 2-3-1 network, chosen so that the layer means are round numbers
 GRADIENT = {
@@ -72,27 +70,27 @@ def test_layerwise_gradient_mass_is_min_normalised_layer_means():
         "dense1.bias": [1.5, 3.0],
     }
     for k, v in expected.items():
-        np.testing.assert_allclose(masses.scale[k], v, rtol=1e-6)
+        np.testing.assert_allclose(masses.values[k], v, rtol=1e-6)
 
 
 def test_first_moment_mass_is_scale_free():
     # |μ| = |g|/2: the normalisation removes the factor
     g = mass_from_warm_start(fake_warm_start(), "gradient")
     mu = mass_from_warm_start(fake_warm_start(), "first_moment")
-    for k in g.scale:
-        np.testing.assert_allclose(mu.scale[k], g.scale[k], rtol=1e-6)
+    for k in g.values:
+        np.testing.assert_allclose(mu.values[k], g.values[k], rtol=1e-6)
 
 
 def test_second_moment_mass_uses_sqrt_nu():
     masses = mass_from_warm_start(fake_warm_start(), "second_moment")
     # member 0: mean sqrt(ν) = 2, (1+3+6)/3 = 10/3, 1, 8 -> min 1
-    np.testing.assert_allclose(masses.scale["dense0.kernel"][0], 2.0, rtol=1e-6)
-    np.testing.assert_allclose(masses.scale["dense0.bias"][0], 10.0 / 3.0, rtol=1e-6)
-    np.testing.assert_allclose(masses.scale["dense1.kernel"][0], 1.0, rtol=1e-6)
-    np.testing.assert_allclose(masses.scale["dense1.bias"][0], 8.0, rtol=1e-6)
+    np.testing.assert_allclose(masses.values["dense0.kernel"][0], 2.0, rtol=1e-6)
+    np.testing.assert_allclose(masses.values["dense0.bias"][0], 10.0 / 3.0, rtol=1e-6)
+    np.testing.assert_allclose(masses.values["dense1.kernel"][0], 1.0, rtol=1e-6)
+    np.testing.assert_allclose(masses.values["dense1.bias"][0], 8.0, rtol=1e-6)
     # member 1: dense1 doubled -> means 2, 10/3, 2, 16 -> min 2
     np.testing.assert_allclose(
-        [masses.scale[k][1] for k in sorted(masses.scale)], [5.0 / 3.0, 1.0, 8.0, 1.0], rtol=1e-6
+        [masses.values[k][1] for k in sorted(masses.values)], [5.0 / 3.0, 1.0, 8.0, 1.0], rtol=1e-6
     )
 
 
@@ -101,7 +99,7 @@ def test_second_moment_mass_uses_sqrt_nu():
 def test_every_effective_step_is_at_most_eta(statistic, granularity):
     masses = mass_from_warm_start(fake_warm_start(), statistic, granularity)
     for member in range(2):
-        values = np.concatenate([np.ravel(v[member]) for v in masses.scale.values()])
+        values = np.concatenate([np.ravel(v[member]) for v in masses.values.values()])
         assert values.min() == pytest.approx(1.0)  # η / m ≤ η, with equality somewhere
 
 
@@ -109,14 +107,14 @@ def test_parameterwise_mass_divides_by_the_smallest_entry():
     values = {k: jnp.abs(jnp.asarray(v)) for k, v in GRADIENT.items()}
     masses = parameterwise_mass(values)
     np.testing.assert_allclose(
-        masses.scale["dense0.kernel"], np.abs(GRADIENT["dense0.kernel"]) / 0.5
+        masses.values["dense0.kernel"], np.abs(GRADIENT["dense0.kernel"]) / 0.5
     )
-    np.testing.assert_allclose(masses.scale["dense1.bias"], [3.0])
+    np.testing.assert_allclose(masses.values["dense1.bias"], [3.0])
     # an exactly-zero statistic is raised to max/1e6: masses capped at 1e6, never inf/nan
     values["dense1.bias"] = jnp.zeros(1)
     masses = parameterwise_mass(values)
-    np.testing.assert_allclose(masses.scale["dense1.bias"], [1.0])
-    np.testing.assert_allclose(masses.scale["dense1.kernel"], [[1e6], [1e6], [1e6]], rtol=1e-5)
+    np.testing.assert_allclose(masses.values["dense1.bias"], [1.0])
+    np.testing.assert_allclose(masses.values["dense1.kernel"], [[1e6], [1e6], [1e6]], rtol=1e-5)
 
 
 def test_layerwise_mass_errors():
@@ -145,13 +143,13 @@ def test_pairwise_cosine_similarity():
 def test_real_warm_start_to_per_chain_sghmc():
     """K Adam runs -> K masses -> K SGHMC chains, each keeping its own mass."""
     y1, y2, mean, cov = make_two_groups(n1=2000, n2=500)
-    warm = warm_start(two_groups, y1, y2, rng_key=jax.random.key(0), num_restarts=3, num_epochs=5)
+    warm = warm_start(two_groups, jax.random.key(0), y1, y2, num_restarts=3, num_epochs=5)
     for stat in (warm.final_gradient, warm.first_moment, warm.second_moment):
         assert set(stat) == {"delta", "mu"}
         assert all(v.shape == (3,) and np.all(np.isfinite(v)) for v in stat.values())
     masses = mass_from_warm_start(warm, "second_moment")
-    assert masses.scale["mu"].shape == (3,)
-    kernel = SGHMC(two_groups, 1e-3, num_steps=10)
+    assert masses.values["mu"].shape == (3,)
+    kernel = SGHMC(two_groups, 2.5e-3, num_steps=10)
     mcmc = MCMC(
         kernel,
         num_warmup=0,
@@ -160,8 +158,5 @@ def test_real_warm_start_to_per_chain_sghmc():
         chain_method="vectorized",
         progress_bar=False,
     )
-    mcmc.run(
-        jax.random.key(1), y1, y2, init_params=ChainInit(params=warm.params, preconditioner=masses)
-    )
-    for k in masses.scale:
-        np.testing.assert_allclose(mcmc.last_state.preconditioner.scale[k], masses.scale[k])
+    mcmc.run(jax.random.key(1), y1, y2, init_params=chain_init(warm, "second_moment"))
+    np.testing.assert_allclose(mcmc.last_state.params.mass.values, flat_masses(masses, warm.params))

@@ -11,7 +11,8 @@ import pytest
 from numpyro.infer import MCMC, Predictive
 from numpyro.infer.initialization import init_to_value
 
-from numpyro_sgmc import SGD, SGLD, SGLDFP, ChainInit, Dense, DivergenceWarning
+from numpyro_sgmc import SGD, SGLD, SGLDFP, ChainInit, Dense
+from numpyro_sgmc.diagnostics import DivergenceWarning
 from problems import linear_regression, make_linear_regression
 
 
@@ -120,8 +121,10 @@ def test_each_chain_keeps_its_own_preconditioner_and_centre(problem, chain_metho
     )
     together = np.asarray(mcmc.get_samples(group_by_chain=True)["theta"])
     state = mcmc.last_state
-    np.testing.assert_allclose(state.preconditioner.matrix, precond, rtol=1e-6)
-    np.testing.assert_allclose(state.centre.position["theta"], centres["theta"], rtol=1e-6)
+    np.testing.assert_allclose(state.params.preconditioner.matrix, precond, rtol=1e-6)
+    np.testing.assert_allclose(
+        state.estimator.centre.position["theta"], centres["theta"], rtol=1e-6
+    )
     for k, chain_key in enumerate(jax.random.split(key, 3)):
         single = MCMC(
             SGLDFP(linear_regression, preconditioner=Dense(precond[k]), **kwargs),
@@ -171,12 +174,12 @@ def test_sgd_running_average_is_the_mean_of_post_warmup_iterates(problem):
         problem.X,
         problem.y,
         init_params=mode_params(problem),
-        extra_fields=("average",),
+        extra_fields=("adaptation.average",),
     )
     draws = np.asarray(mcmc.get_samples()["theta"], np.float64)
-    average = np.asarray(mcmc.last_state.average["theta"])
+    average = np.asarray(mcmc.last_state.adaptation.average["theta"])
     np.testing.assert_allclose(average, draws.mean(0), rtol=1e-5)
-    running = np.asarray(mcmc.get_extra_fields()["average"]["theta"])
+    running = np.asarray(mcmc.get_extra_fields()["adaptation.average"]["theta"])
     np.testing.assert_allclose(running[9], draws[:10].mean(0), rtol=1e-5)
 
 

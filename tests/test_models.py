@@ -1,4 +1,7 @@
-"""Constrained sites, deterministic sites and two data plates, against exact posteriors."""
+"""Constrained sites, deterministic sites and two data plates, against exact posteriors.
+
+Each model's posterior is known in closed form or by quadrature; the draws are judged by the
+shared harness (independent chains, a factor-2 power check)."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -7,8 +10,7 @@ import numpyro.distributions as dist
 from numpyro.distributions import biject_to, constraints
 
 from harness import assert_law, run_chains
-from numpyro_sgmc import SGLD, SGLDFP, ChainInit, layerwise
-from numpyro_sgmc.theory import stationary_covariance
+from numpyro_sgmc import SGLDFP, ChainInit
 from problems import make_two_groups, two_groups
 
 CHAINS = 32
@@ -92,43 +94,3 @@ def test_two_plates_of_different_sizes_sample_the_exact_posterior():
     s = mcmc.get_samples(group_by_chain=True)
     x = np.stack([np.asarray(s["delta"]), np.asarray(s["mu"])], -1)
     assert_law(x, mean, cov, label="two plates")
-
-
-def test_layerwise_preconditioner_with_two_plates_matches_its_prediction():
-    """Per-site scalars Γ = diag(2, 1/2) and two plates' minibatch noise, in the stationary law.
-
-    The estimate is ĝ = ∇log p0/n + Σ_p (n_p/(n b_p)) Σ_{i∈B_p} ∇l_p(i), so its noise covariance
-    per step is Σ_p (n_p/n)² I_p / b_p; the likelihood is quadratic, so the discrete Lyapunov
-    prediction is exact.
-    """
-    y1, y2, mean, post_cov = make_two_groups(n1=2000, n2=500)
-    n1, n2, b1, b2 = 2000, 500, 10, 5
-    n = n1 + n2
-    y1n, y2n = np.asarray(y1, np.float64), np.asarray(y2, np.float64)
-    delta, mu = mean
-    grads_a = np.stack([np.zeros(n1), y1n - mu], -1)  # (delta, mu)
-    r = (y2n - mu - delta) / 4
-    grads_b = np.stack([r, r], -1)
-    noise = (n1 / n) ** 2 * np.cov(grads_a.T, bias=True) / b1
-    noise += (n2 / n) ** 2 * np.cov(grads_b.T, bias=True) / b2
-    J = np.linalg.inv(post_cov) / n
-    gamma = np.array([2.0, 0.5])
-    h = 0.2
-    cov = stationary_covariance(
-        J, noise, step_size=h, batch_size=1, num_data=n, preconditioner=gamma
-    )
-    kernel = SGLD(
-        two_groups,
-        step_size=h,
-        batch_size={"a": b1, "b": b2},
-        preconditioner=layerwise({"delta": 2.0, "mu": 0.5}),
-        num_steps=20,
-    )
-    rng = np.random.default_rng(3)
-    start = rng.multivariate_normal(mean, cov, size=CHAINS)
-    z = {k: jnp.asarray(start[:, i], jnp.float32) for i, k in enumerate(("delta", "mu"))}
-    mcmc = run_chains(kernel, (y1, y2), z, num_warmup=10, num_samples=400)
-    s = mcmc.get_samples(group_by_chain=True)
-    x = np.stack([np.asarray(s["delta"]), np.asarray(s["mu"])], -1)
-    assert_law(x, mean, cov, label="layer-wise, two plates")
-    assert np.all(np.diag(cov) / np.diag(post_cov) > 1.3)  # far from the posterior: noise shows

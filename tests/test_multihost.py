@@ -4,7 +4,8 @@ Two processes (``multihost_worker.py``), one CPU device each, join through
 :func:`numpyro_sgmc.distributed.initialize`; each shards its own half of the rows and runs
 sharded SGLD, the gradient all-reduced over both (Gloo, JAX's CPU collectives). A third
 process runs the same on two CPU devices of one process: the same layout, so the draws must be
-the same. The draws also have the stationary law of theory §3 (the prediction and tolerance of
+the same. The draws also have the stationary law of
+``docs/theory.md`` §3 (the prediction and tolerance of
 the single-device tests). A process whose peer never starts must exit with a clear message
 within its deadline rather than hang. Every subprocess runs under a timeout.
 """
@@ -24,6 +25,8 @@ from sharded_problem import law_prediction, problem
 
 from harness import Z_MAX, chain_estimates, z_scores
 from numpyro_sgmc.distributed import JOIN_TIMEOUT_EXIT_CODE
+
+pytestmark = pytest.mark.slow  # subprocesses: CI runs them, -m "not slow" skips them
 
 WORKER = str(Path(__file__).with_name("multihost_worker.py"))
 TIMEOUT = 300  # seconds for everything: a hang fails the test instead of blocking CI

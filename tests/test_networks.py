@@ -13,9 +13,9 @@ from jax import lax
 from numpyro.handlers import block, seed, substitute, trace
 from numpyro.infer.util import constrain_fn, log_density, potential_energy
 
-from numpyro_sgmc.datasets import diabetes, digits
-from numpyro_sgmc.networks import lenet, mlp
-from numpyro_sgmc.predictive import evaluate
+from numpyro_sgmc.bde.datasets import diabetes, digits
+from numpyro_sgmc.bde.networks import lenet, mlp
+from numpyro_sgmc.bde.predictive import evaluate
 
 
 @pytest.fixture(scope="module")
@@ -293,3 +293,125 @@ def test_missing_sklearn_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "sklearn", None)
     with pytest.raises(ImportError, match=r'pip install "numpyro-sgmc\[examples\]"'):
         diabetes()
+
+
+# ---- the regression networks and data of the sklearn-contrib-bde anchor ----------------
+
+
+def test_mlp_heteroscedastic_standard_likelihood_by_hand():
+    """``noise="heteroscedastic"``, ``parametrization="standard"``: ``h = xW + b``, the output
+    layer's two units the mean and ``softplus(·) + 1e-6`` scale; no ``noise_scale`` site."""
+    X = jnp.asarray(np.random.default_rng(1).standard_normal((9, 3)), jnp.float32)
+    y = jnp.linspace(-1.0, 1.0, 9)
+    model = mlp(1, hidden=(4,), noise="heteroscedastic", parametrization="standard")
+    sites = sample_sites(model, X, y)
+    assert shapes(sites)["dense1.kernel"] == (4, 2) and "noise_scale" not in sites
+    params = random_params(sites)
+    got = (
+        log_density(model, (X, y), {}, params)[0]
+        - log_density(block(model, hide=["obs"]), (X, y), {}, params)[0]
+    )
+    p = {k: np.asarray(v, np.float64) for k, v in params.items()}
+    h = np.maximum(np.asarray(X, np.float64) @ p["dense0.kernel"] + p["dense0.bias"], 0)
+    out = h @ p["dense1.kernel"] + p["dense1.bias"]
+    scale = np.log1p(np.exp(out[:, 1])) + 1e-6
+    expected = np.sum(-0.5 * ((np.asarray(y) - out[:, 0]) / scale) ** 2 - np.log(scale))
+    expected -= 9 * 0.5 * math.log(2 * math.pi)
+    assert float(got) == pytest.approx(expected, rel=1e-5)
+
+
+def test_mlp_fixed_noise_has_no_noise_site():
+    X, y = jnp.ones((5, 2)), jnp.zeros(5)
+    sites = trace(seed(mlp(1, hidden=(3,), noise=0.5), 0)).get_trace(X, y)
+    assert "noise_scale" not in sites
+    np.testing.assert_array_equal(sites["obs"]["fn"].scale, 0.5)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(noise="huge"), "noise must be one of"),
+        (dict(noise=-1.0), "noise must be one of"),
+        (dict(noise=True), "noise must be one of"),
+        (dict(parametrization="mup"), "parametrization must be one of"),
+        (dict(num_outputs=3, likelihood="categorical", noise=1.0), "Gaussian likelihood only"),
+    ],
+)
+def test_bad_noise_and_parametrization(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        mlp(**kwargs)
+
+
+def test_init_to_fan_in_is_lecun():
+    """Kernels ``N(0, 1/m)`` (the sample variance of ``N`` entries within 4 of its relative
+    standard deviations ``√(2/N)``), biases zero, other sites by ``init_to_median``."""
+    from numpyro_sgmc.bde import init_to_fan_in
+
+    model = mlp(1, hidden=(200, 100))
+    X, y = jnp.ones((4, 50)), jnp.zeros(4)
+    sites = trace(substitute(seed(model, 0), substitute_fn=init_to_fan_in)).get_trace(X, y)
+    for name, fan_in in (("dense0.kernel", 50), ("dense1.kernel", 200), ("dense2.kernel", 100)):
+        w = np.asarray(sites[name]["value"], np.float64)
+        assert w.mean() == pytest.approx(0.0, abs=4 / math.sqrt(fan_in * w.size))
+        assert w.var() * fan_in == pytest.approx(1.0, abs=4 * math.sqrt(2 / w.size))
+    for name in ("dense0.bias", "dense1.bias", "dense2.bias"):
+        np.testing.assert_array_equal(sites[name]["value"], 0.0)
+    assert float(sites["noise_scale"]["value"]) > 0  # init_to_median: a median of 15 draws
+
+
+@pytest.mark.parametrize(
+    "loader, rows, features",
+    [("airfoil", 1503, 5), ("concrete", 1030, 8), ("bike_sharing", 17379, 12)],
+)
+def test_bundled_regression_splits_are_sklearns(loader, rows, features):
+    """The split is ``train_test_split(test_size=0.2, random_state=seed)`` and the scaling
+    ``StandardScaler`` fitted on the training rows, as ``sklearn-contrib-bde``'s benchmark."""
+    from sklearn.model_selection import train_test_split
+
+    from numpyro_sgmc import bde
+
+    split = getattr(bde, loader)(seed=0)
+    num_test = math.ceil(0.2 * rows)
+    assert [a.shape for a in split[:4]] == [
+        (rows - num_test, features),
+        (rows - num_test,),
+        (num_test, features),
+        (num_test,),
+    ]
+    assert all(a.dtype == np.float32 for a in split[:4])
+    np.testing.assert_allclose([split.y_train.mean(), split.y_train.std()], [0, 1], atol=1e-5)
+    np.testing.assert_allclose(split.X_train.mean(0), 0.0, atol=1e-4)
+    np.testing.assert_allclose(split.X_train.std(0), 1.0, rtol=1e-4)
+    # same rows as scikit-learn's split of the row indices
+    train, test = train_test_split(np.arange(rows), test_size=0.2, random_state=0)
+    target = np.concatenate([split.y_train, split.y_test]) * split.y_scale + split.y_mean
+    order = np.argsort(np.concatenate([train, test]))
+    other = getattr(bde, loader)(seed=1)
+    assert not np.array_equal(split.y_test, other.y_test)
+    restored = np.concatenate([other.y_train, other.y_test]) * other.y_scale + other.y_mean
+    train1, test1 = train_test_split(np.arange(rows), test_size=0.2, random_state=1)
+    np.testing.assert_allclose(
+        restored[np.argsort(np.concatenate([train1, test1]))], target[order], rtol=1e-5, atol=1e-3
+    )
+
+
+def test_bundled_data_are_the_files_the_readme_lists():
+    """The gzip files decompress to the SHA-256 sums in ``numpyro_sgmc/bde/data/README.md``."""
+    import gzip
+    import hashlib
+    import re
+    from importlib import resources
+
+    folder = resources.files("numpyro_sgmc.bde").joinpath("data")
+    listed = dict(
+        (name, digest)
+        for digest, name in re.findall(
+            r"([0-9a-f]{64})  (\S+)", folder.joinpath("README.md").read_text()
+        )
+    )
+    files = {"airfoil.csv": "airfoil.csv.gz", "concrete.data": "concrete.data.gz"}
+    files["hour.csv"] = "bike_sharing_hour.csv.gz"
+    assert set(listed) == set(files)
+    for name, packed in files.items():
+        raw = gzip.decompress(folder.joinpath(packed).read_bytes())
+        assert hashlib.sha256(raw).hexdigest() == listed[name], name

@@ -17,6 +17,8 @@ import nbclient
 import nbformat
 import pytest
 
+pytestmark = pytest.mark.slow  # subprocesses: CI runs them, -m "not slow" skips them
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 NOTEBOOKS = [
     "01_quickstart.ipynb",

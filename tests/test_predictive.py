@@ -10,7 +10,7 @@ import pytest
 from scipy.special import softmax
 from scipy.stats import norm
 
-from numpyro_sgmc.predictive import (
+from numpyro_sgmc.bde.predictive import (
     evaluate,
     expected_calibration_error,
     lppd,
@@ -101,13 +101,18 @@ def test_ece_of_calibrated_and_overconfident_predictions():
 def test_evaluate_regression_closed_form(regression_data):
     X, y, draws = regression_data
     metrics = evaluate(regression, draws, X, y=y, site="y")
-    assert set(metrics) == {"lppd", "rmse"} and all(type(v) is float for v in metrics.values())
+    assert set(metrics) == {"lppd", "rmse", "gaussian_nll"}
+    assert all(type(v) is float for v in metrics.values())
     X64, y64 = X.astype(np.float64), y.astype(np.float64)
     means = draws["theta"].astype(np.float64) @ X64.T  # (S, N)
     density = norm.pdf(y64, means, draws["sigma"].astype(np.float64)[:, None])
     assert metrics["lppd"] == pytest.approx(np.mean(np.log(density.mean(0))), rel=1e-5)
     rmse = np.sqrt(np.mean((means.mean(0) - y64) ** 2))
     assert metrics["rmse"] == pytest.approx(rmse, rel=1e-5)
+    # moment-matched Gaussian: mean of the variances plus variance of the means
+    variance = np.mean(draws["sigma"].astype(np.float64) ** 2) + means.var(0)
+    nll = -np.mean(norm.logpdf(y64, means.mean(0), np.sqrt(variance)))
+    assert metrics["gaussian_nll"] == pytest.approx(nll, rel=1e-5)
 
 
 def test_evaluate_uses_every_row_of_a_subsampled_model(regression_data):

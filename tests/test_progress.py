@@ -1,12 +1,16 @@
-"""The epoch progress bar: a bounded number of host updates, the right epochs, same draws."""
+"""The epoch progress bar: a bounded number of host updates, the right epochs, same draws;
+the host checks for a Ctrl-C in MCMC.run: a few a second, and a stop keeps the draws made."""
+
+import time
 
 import jax
 import numpy as np
 import pytest
 from numpyro.infer import MCMC
 
-from numpyro_sgmc import SGLD
-from numpyro_sgmc.progress import EpochProgress
+from numpyro_sgmc import SGLD, completed_samples
+from numpyro_sgmc.diagnostics import InterruptWarning
+from numpyro_sgmc.progress import CHECK_SECONDS, EpochProgress, RunWatch, interrupts
 from problems import linear_regression, make_linear_regression
 
 
@@ -73,3 +77,49 @@ def test_bad_progress_draws():
     for bad in (0, -3, 2.5, True, "100"):
         with pytest.raises(ValueError, match="progress_draws must be None or a positive int"):
             SGLD(linear_regression, 1e-3, progress_draws=bad)
+
+
+def test_mcmc_checks_for_ctrl_c_a_few_times_a_second_not_per_draw(problem, monkeypatch):
+    checks = []
+    check = RunWatch.check
+
+    def counted(self, i):
+        checks.append(int(i))
+        return check(self, i)
+
+    monkeypatch.setattr(RunWatch, "check", counted)
+    kernel = SGLD(linear_regression, 1e-3, num_steps=5)
+    mcmc = MCMC(kernel, num_warmup=0, num_samples=4000, progress_bar=False)
+    start = time.perf_counter()
+    mcmc.run(jax.random.key(3), problem.X, problem.y)
+    seconds = time.perf_counter() - start
+    # the first check is at iteration 0; each later one about CHECK_SECONDS of sampling on,
+    # the interval growing at most eightfold from one check to the next
+    assert checks[0] == 0 and checks == sorted(checks)
+    assert len(checks) <= 12 + 3 * seconds / CHECK_SECONDS, (len(checks), seconds)
+    assert len(checks) < 4000 // 20
+    reference = np.asarray(mcmc.get_samples()["theta"])
+
+    # a Ctrl-C seen at the fourth check skips every later draw; those before it are the
+    # draws of the uninterrupted run
+    polls = {"n": 0}
+
+    def poll():
+        polls["n"] += 1
+        return polls["n"] >= 4
+
+    monkeypatch.setattr(interrupts, "poll", poll)
+    checks.clear()
+    with pytest.warns(InterruptWarning) as record:
+        mcmc.run(jax.random.key(3), problem.X, problem.y)
+    made = completed_samples(mcmc)["theta"]
+    stopped = checks[3]
+    assert made.shape[0] == stopped // 5
+    np.testing.assert_array_equal(made, reference[: made.shape[0]])
+    flags = np.asarray(mcmc.get_extra_fields()["interrupted"])
+    assert not flags[: made.shape[0]].any() and flags[made.shape[0] :].all()
+    (message,) = [str(w.message) for w in record if w.category is InterruptWarning]
+    assert (
+        f"SGLD: interrupted (Ctrl-C) at iteration {stopped}, after {stopped // 5} draws" in message
+    )
+    assert "numpyro_sgmc.completed_samples(mcmc) gives the draws made" in message

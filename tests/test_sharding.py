@@ -11,7 +11,8 @@ first test asks for them and running while the one-device tests below run here:
   off. The exact full-data gradient (chunks summed over shards) matches to float precision.
 * ``same_draws``: full-data gradients (``b = n``) on 4 shards give the single-device draws.
 * ``stationary_law``: sharded SGLD (64 chains, ``b = 40``, large step) has the stationary law
-  of theory §3 that the single-device tests use, within the same ``Z_MAX`` tolerance, with the
+  of ``docs/theory.md`` §3 that the single-device tests use, within the same ``Z_MAX``
+  tolerance, with the
   harness's power check, and is far from the laws of the factor-of-``D`` errors.
 * ``parallel_chains``: ``chain_method="parallel"`` for every kernel and a deep ensemble
   (ChainInit with per-chain starts and masses), one chain per device.
@@ -36,11 +37,12 @@ import pytest
 from numpyro.handlers import seed, trace
 
 from harness import Z_MAX
-from numpyro_sgmc import AdaSGHMC, distributed, shard_data
-from numpyro_sgmc.batches import BATCH_SAMPLING, batch_sampler
-from numpyro_sgmc.gradients import minibatch_gradient
-from numpyro_sgmc.sharding import data_layout, data_parallel_gradient
-from numpyro_sgmc.subsample import initialize, plate_sizes, subsample_indices
+from numpyro_sgmc import AdaSGHMC, distributed, shard_data, sharding
+from numpyro_sgmc.batches import BATCH_SAMPLING
+from numpyro_sgmc.gradients import minibatch
+from numpyro_sgmc.model import prepare_model
+from numpyro_sgmc.sharding import data_layout
+from numpyro_sgmc.subsample import plate_sizes, subsample_indices
 from problems import gaussian_location, make_gaussian_location
 
 SCRIPT = Path(__file__).with_name("sharded_checks.py")
@@ -122,28 +124,25 @@ def test_one_device_mesh_estimates_the_single_device_gradient(launched, problem)
     # the same estimate as the single-device one, step after step, for every batch sampling
     args = (problem.W, problem.L)
     sharded = (shard_data(problem.W), problem.L)
-    prep = initialize(jax.random.key(0), gaussian_location, args, batch_size=40)
+    prep = prepare_model(jax.random.key(0), gaussian_location, args, batch_size=40)
     layout = data_layout(sharded, {}, prep.plates)
     assert layout is not None and layout.num_shards == 1
-    estimate = minibatch_gradient(prep.potential_fn, problem.n)
     z = {"theta": jnp.array([0.3, -0.2])}
-    samplers = {
-        method: (
-            data_parallel_gradient(layout, prep.plates, estimate, method),
-            batch_sampler(prep.plates, method),
-        )
+    estimators = {
+        method: (sharding.minibatch(layout, prep.spec, method), minibatch(prep.spec, method))
         for method in BATCH_SAMPLING
     }
 
     @jax.jit
     def both(key):
         out = {}
-        for method, ((init, gradient), single) in samplers.items():
-            state_a, state_b, out[method] = init(key), single.init(key), []
+        for method, (parallel, single) in estimators.items():
+            state_a, state_b = parallel.init(key, z, sharded, {}), single.init(key, z, args, {})
+            out[method] = []
             for k in jax.random.split(key, 2):
-                g_a, state_a = gradient(z, state_a, k, sharded, {})
-                batch, state_b = single.draw(state_b, k)
-                out[method].append((g_a["theta"], estimate(z, batch, args, {})["theta"]))
+                g_a, state_a = parallel.estimate(state_a, z, k, sharded, {})
+                g_b, state_b = single.estimate(state_b, z, k, args, {})
+                out[method].append((g_a["theta"], g_b["theta"]))
         return out
 
     for method, pairs in both(jax.random.key(1)).items():
@@ -158,10 +157,11 @@ def test_one_device_mesh_gives_the_single_device_draws(launched, problem):
     draws = []
     for W in (problem.W, shard_data(problem.W)):
         kernel = AdaSGHMC(
-            gaussian_location, 2e-3, batch_size=40, batch_sampling="epochs", num_steps=5
-        )
+            gaussian_location, problem.n * 2e-3**2, batch_size=40, batch_sampling="epochs",
+            num_steps=5,
+        )  # fmt: skip
         state = kernel.init(keys, 2, z, (W, problem.L), {})
-        assert (kernel._layout is not None) == (W is not problem.W)
+        assert (kernel.shards is not None) == (W is not problem.W)
         step = jax.jit(lambda s, W=W, kernel=kernel: kernel.sample(s, (W, problem.L), {}))
         for _ in range(4):
             state = step(state)
@@ -206,6 +206,7 @@ def test_distributed_initialize_reports_an_unreachable_coordinator():
 # ---- four devices, from the subprocesses -----------------------------------------------------
 
 
+@pytest.mark.slow  # one subprocess with 4 devices runs these checks
 def test_data_parallel_estimate_is_unbiased_with_the_stratified_noise(results):
     r = results["gradient_moments"]
     assert r["num_devices"] == 4
@@ -222,12 +223,14 @@ def test_data_parallel_estimate_is_unbiased_with_the_stratified_noise(results):
     assert r["full_gradient_single_error"] < 1e-5
 
 
+@pytest.mark.slow  # one subprocess with 4 devices runs these checks
 def test_full_data_gradients_give_the_single_device_draws(results):
     for name, r in results["same_draws"].items():
         assert r["spread_in_sd"] > 0.05, name  # the chains move
         assert r["max_diff_in_sd"] < 1e-4, (name, r)
 
 
+@pytest.mark.slow  # one subprocess with 4 devices runs these checks
 def test_sharded_sgld_has_the_single_device_stationary_law(results):
     r = results["stationary_law"]
     assert r["diverging"] == 0
@@ -240,6 +243,7 @@ def test_sharded_sgld_has_the_single_device_stationary_law(results):
         assert r[wrong] > 10 * Z_MAX, (wrong, r[wrong])
 
 
+@pytest.mark.slow  # one subprocess with 4 devices runs these checks
 def test_parallel_chains_for_every_kernel_and_a_deep_ensemble(results):
     r = results["parallel_chains"]
     for name in ("SGLD", "SGLDFP", "SGD", "SGHMC", "AdaSGHMC", "deep_ensemble"):
@@ -264,6 +268,7 @@ ERRORS = {
 }
 
 
+@pytest.mark.slow  # one subprocess with 4 devices runs these checks
 def test_bad_layouts_are_clear_errors(results):
     r = results["errors"]
     for case, phrase in ERRORS.items():

@@ -1,44 +1,41 @@
-"""``numpyro_sgmc.theory`` against brute force (``shared/design/theory.md`` §3–§4).
+"""``numpyro_sgmc.theory`` against brute force (``docs/theory.md`` §3): Lyapunov equations,
+the stationary covariance, autocorrelation and mixing times, iterate averaging.
 
 No models: every formula is checked against a brute-force sum, a direct linear solve or a
 float64 NumPy simulation of the recursion it describes (many independent chains, Monte Carlo
-tolerances from the spread between chains).
+tolerances from the spread between chains, the shared harness's ``Z_MAX``). Table 1 is
+tested in ``test_table1.py``.
 """
 
-import dataclasses
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 import scipy.linalg
 
+from harness import Z_MAX as Z
+from harness import assert_within_mc
 from numpyro_sgmc import theory
 from numpyro_sgmc.theory import (
-    ROWS,
-    TABLE_1,
     MixingTime,
-    Row,
-    RowTuning,
     autocorrelation_times,
-    continuous_lyapunov,
-    discrete_lyapunov,
-    iterate_average_covariance,
-    iterate_average_covariance_limit,
     mixing_time,
-    predicted_autocorrelation_times,
-    row_mixing,
-    row_target,
-    row_tuning,
-    stationary_covariance,
     worst_autocorrelation_time,
 )
 
-N_, B_ = 10_000, 100  # the row checks (d = 4): n, b
-ROW_NAMES = ("P1", "P2", "P3", "P4", "P5", "B", "F", "G", "A")
-# z = 5 Monte Carlo standard errors: a false alarm in one of ~100 comparisons has probability
-# ~ 100 * 6e-7
-Z = 5.0
+N_, B_ = 10_000, 100  # n, b of the checks (d = 4)
+
+
+def matrix_of(fn):
+    """``fn`` returning the matrix of the scale it returns (the comparisons are matrix ones)."""
+    return lambda *args, **kwargs: np.asarray(fn(*args, **kwargs))
+
+
+continuous_lyapunov = matrix_of(theory.continuous_lyapunov)
+discrete_lyapunov = matrix_of(theory.discrete_lyapunov)
+iterate_average_covariance = matrix_of(theory.iterate_average_covariance)
+iterate_average_covariance_limit = matrix_of(theory.iterate_average_covariance_limit)
+stationary_covariance = matrix_of(theory.stationary_covariance)
 
 
 def spd(rng, eigenvalues):
@@ -88,13 +85,6 @@ def simulate_linear(F, D, *, chains, burn_in, steps, seed):
             total += x
             outer += x[:, :, None] * x[:, None, :]
     return total / steps, outer / steps
-
-
-def assert_within_mc(estimate, se, expected, label):
-    err = np.abs(np.asarray(estimate) - np.asarray(expected))
-    assert np.all(err <= Z * np.asarray(se)), (
-        f"{label}: |estimate - prediction| / se = {np.max(err / se):.2f} > {Z}"
-    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -337,11 +327,8 @@ def test_simulated_autocorrelation_times_match_the_predictions(p5_chain):
     tau = np.concatenate([autocorrelation_times(F, sigma), [mix.iterations, worst.time]])
     np.testing.assert_allclose(tau[-2], 40.0, rtol=1e-12)
     assert np.all(np.abs(finite / tau - 1) < 2 * np.max(tau) / T)
-    np.testing.assert_allclose(
-        tau[:4],
-        predicted_autocorrelation_times(p5_chain["J"], p5_chain["I"], **p5_chain["common"]),
-        rtol=1e-12,
-    )
+    recomputed = theory.stationary_covariance(p5_chain["J"], p5_chain["I"], **p5_chain["common"])
+    np.testing.assert_allclose(tau[:4], autocorrelation_times(F, recomputed), rtol=1e-12)
     assert worst.time >= mix.iterations
 
 
@@ -517,7 +504,8 @@ def test_worst_autocorrelation_time_equals_mixing_time_for_reversible_tunings(in
 
 
 def test_worst_autocorrelation_time_exceeds_mixing_time_for_a_non_reversible_tuning():
-    # 2-d: Γ = diag(1, 1/10) does not commute with J, Λ = diag(1, 10) ≠ Γ (theory §3 reports
+    # 2-d: Γ = diag(1, 1/10) does not commute with J, Λ = diag(1, 10) ≠ Γ
+    # (``docs/theory.md`` §3 reports
     # 1.65x in another 2-d example; here 1.43x)
     c, s = math.cos(0.1), math.sin(0.1)
     R = np.array([[c, -s], [s, c]])
@@ -640,233 +628,3 @@ def test_averaging_limit_matches_the_exact_discrete_average(info, row, m):
         J, Q, S, c_h=4 * B_, c_b=B_, num_epochs=1e6, preconditioner=gamma
     )
     assert rel(far, S) < 1e-4
-
-
-# ---------------------------------------------------------------------------------------------
-# Table 1
-# ---------------------------------------------------------------------------------------------
-
-
-def test_table_1_rows():
-    assert tuple(r.name for r in TABLE_1) == ROW_NAMES
-    assert all(ROWS[r.name] is r for r in TABLE_1)
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        ROWS["F"].target = "J⁻¹"
-    assert isinstance(ROWS["F"], Row)
-    assert (ROWS["F"].drift, ROWS["F"].noise, ROWS["F"].target) == ("J⁻¹", "–", "S")
-    assert ROWS["G"].constants == "c_h = 4w₁c_b"
-    assert set(theory.__all__) >= {
-        "continuous_lyapunov",
-        "mixing_time",
-        "TABLE_1",
-        "row_tuning",
-        "iterate_average_covariance_limit",
-        "autocorrelation_times",
-    }
-    assert all(hasattr(theory, name) for name in theory.__all__)
-
-
-def test_table_1_strings_are_those_of_the_design_document():
-    here = Path(__file__).resolve()
-    docs = [p / "shared/design/theory.md" for p in here.parents]
-    doc = next((p for p in docs if p.is_file()), None)
-    if doc is None:
-        pytest.skip("shared/design/theory.md is not available")
-    lines = doc.read_text(encoding="utf-8").splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("## 4. Table 1"))
-    table = [line for line in lines[start:] if line.startswith("| ")][1:]  # skip the header
-    rows = {}
-    for line in table[: len(TABLE_1)]:
-        cells = [c.strip().replace("`", "") for c in line.strip().strip("|").split("|")]
-        rows[cells[0]] = tuple(cells)
-    for row in TABLE_1:
-        assert rows[row.name] == dataclasses.astuple(row)[:8]
-
-
-def test_row_targets(info):
-    J, I, S = info
-    J_inv = np.linalg.inv(J)
-    for name in ("P1", "P2", "P3", "P4", "P5"):
-        np.testing.assert_allclose(row_target(name, J, I), J_inv, rtol=1e-12)
-    np.testing.assert_allclose(row_target("F", J, I), S, rtol=1e-12)
-    np.testing.assert_allclose(row_target("A", J, I), S, rtol=1e-12)
-    np.testing.assert_allclose(row_target("B", J, I), S + J_inv, rtol=1e-12)
-    np.testing.assert_allclose(row_target("B", J, I, weight=0.5), 0.5 * (S + J_inv), rtol=1e-12)
-    np.testing.assert_allclose(
-        row_target("G", J, I, weights=(0.3, 0.9)), 0.3 * S + 0.9 * J_inv, rtol=1e-12
-    )
-    np.testing.assert_allclose(
-        row_target("F", np.diag(J), np.diag(I)), np.diag(np.diag(I) / np.diag(J) ** 2), rtol=1e-12
-    )
-
-
-def test_row_errors(info):
-    J, I, _ = info
-    tune = dict(batch_size=B_, num_data=N_)
-    with pytest.raises(ValueError, match="P1, P2, P3, P4, P5, B, F, G, A"):
-        row_target("X", J, I)
-    with pytest.raises(ValueError, match="P1, P2, P3, P4, P5, B, F, G, A"):
-        row_tuning("f", J, I, **tune)
-    with pytest.raises(ValueError, match="weight"):
-        row_target("B", J, I, weight=-0.1)
-    with pytest.raises(ValueError, match="weight"):
-        row_tuning("B", J, I, weight=0.0, **tune)  # h = 4wb/n = 0
-    with pytest.raises(ValueError, match="not both zero"):
-        row_target("G", J, I, weights=(0.0, 0.0))
-    with pytest.raises(ValueError, match="w1, w2 >= 0"):
-        row_tuning("G", J, I, weights=(0.5, -0.5), **tune)
-    with pytest.raises(ValueError, match="w1 = 0"):
-        row_tuning("G", J, I, weights=(0.0, 1.0), **tune)
-    with pytest.raises(ValueError, match="needs weights"):
-        row_target("G", J, I)
-    with pytest.raises(ValueError, match="row B only"):
-        row_target("F", J, I, weight=1.0)
-    with pytest.raises(ValueError, match="row G only"):
-        row_tuning("B", J, I, weights=(1.0, 1.0), **tune)
-    with pytest.raises(ValueError, match="needs c_h"):
-        row_tuning("P4", J, I, **tune)
-    with pytest.raises(ValueError, match="fixes its step-size constant"):
-        row_tuning("F", J, I, c_h=400.0, **tune)
-    np.testing.assert_allclose(row_target("G", J, I, weights=(0.0, 1.0)), np.linalg.inv(J))
-
-
-ROW_KW = {
-    "P1": dict(c_h=1.0),
-    "P2": dict(c_h=1.0),
-    "P3": dict(c_h=200.0),
-    "P4": dict(c_h=200.0),
-    "B": dict(weight=0.7),
-    "G": dict(weights=(0.6, 0.8)),
-}
-
-
-def row_covariance(J, I, t, method, hessians=None):
-    if t.control_variates and hessians is None:
-        hessians = np.broadcast_to(-J, (8,) + J.shape)  # no spread: no Hessian noise term
-    return N_ * stationary_covariance(
-        J,
-        I,
-        step_size=t.step_size,
-        batch_size=B_,
-        num_data=N_,
-        inverse_temperature=t.inverse_temperature,
-        preconditioner=t.preconditioner,
-        noise_preconditioner=t.noise_preconditioner,
-        control_variates=t.control_variates,
-        hessians=hessians if t.control_variates else None,
-        method=method,
-    )
-
-
-@pytest.mark.parametrize("name", ROW_NAMES)
-def test_each_row_tuning_targets_its_q(info, name):
-    J, I, S = info
-    J_inv = np.linalg.inv(J)
-    t = row_tuning(name, J, I, batch_size=B_, num_data=N_, **ROW_KW.get(name, {}))
-    assert isinstance(t, RowTuning) and t.row == name
-    np.testing.assert_allclose(
-        t.target,
-        row_target(
-            name,
-            J,
-            I,
-            **{k: v for k, v in ROW_KW.get(name, {}).items() if k in ("weight", "weights")},
-        ),
-    )
-    continuous = row_covariance(J, I, t, "continuous")
-    if name in ("P1", "P2"):
-        # h n/b = c_h/c_b = 0.01 > 0: the gradient-noise bias that vanishes as h n/b → 0
-        ratio = t.step_size * N_ / B_
-        gamma = t.preconditioner
-        bias = ratio * continuous_lyapunov(gamma @ J, 0.5 * gamma @ I @ gamma)
-        np.testing.assert_allclose(continuous, J_inv + bias, rtol=1e-8)
-        if name == "P2":
-            np.testing.assert_allclose(bias, ratio / 4 * S, rtol=1e-8)
-        # the bias is linear in h n/b: a hundred times smaller c_h, a hundred times smaller bias
-        smaller = row_tuning(name, J, I, batch_size=B_, num_data=N_, c_h=0.01)
-        np.testing.assert_allclose(
-            rel(row_covariance(J, I, smaller, "continuous"), t.target),
-            rel(continuous, t.target) / 100,
-            rtol=1e-6,
-        )
-    else:
-        assert rel(continuous, t.target) < 1e-8
-    # the discrete prediction is within O(h): the Γ^{-1/2}-basis bound x/(1-x),
-    # x = h λmax(ΓJ)/4 (see test_continuous_and_discrete_differ_by_O_h_in_general)
-    discrete = row_covariance(J, I, t, "discrete")
-    w = np.linalg.inv(scipy.linalg.sqrtm(t.preconditioner).real)
-    x = t.step_size * np.max(np.linalg.eigvals(t.preconditioner @ J).real) / 4
-    assert rel(w @ discrete @ w, w @ continuous @ w) <= x / (1 - x) * (1 + 1e-9)
-    if name in ("B", "F", "G", "A", "P4", "P2"):  # Γ = J⁻¹: exactly the factor (1 - h/4)⁻¹
-        np.testing.assert_allclose(discrete, continuous / (1 - t.step_size / 4), rtol=1e-9)
-
-
-@pytest.mark.parametrize("name", ["P3", "P4"])
-def test_control_variate_rows_hessian_term_is_negligible(info, name):
-    # With per-datum Hessian spread the target moves by a relative O(h/b) (h = c_h/n).
-    J, I, _ = info
-    rng = np.random.default_rng(13)
-    X = rng.standard_normal((500, 4)) * rng.exponential(1.0, (500, 1))
-    H = -np.einsum("ni,nj->nij", X, X)
-    J = -H.mean(axis=0)
-    deviation = []
-    for c_h in (200.0, 100.0):
-        t = row_tuning(name, J, I, batch_size=B_, num_data=N_, c_h=c_h)
-        deviation.append(rel(row_covariance(J, I, t, "continuous", hessians=H), t.target))
-    assert 0 < deviation[0] < 1e-2  # heavy-tailed x: kurtosis ~ 40 times h/(4b) = 5e-5
-    np.testing.assert_allclose(deviation[0] / deviation[1], 2.0, rtol=1e-2)  # first order in h
-
-
-def test_row_constants(info):
-    J, I, _ = info
-    tune = dict(batch_size=B_, num_data=N_)
-    J_inv, I_inv = np.linalg.inv(J), np.linalg.inv(I)
-    f = row_tuning("F", J, I, **tune)
-    assert (f.step_size, f.inverse_temperature, f.stochastic) == (4 * B_ / N_, math.inf, False)
-    assert f.noise_preconditioner is None and not f.control_variates
-    np.testing.assert_allclose(f.preconditioner, J_inv, rtol=1e-12)
-    b = row_tuning("B", J, I, weight=0.7, **tune)
-    assert b.step_size == pytest.approx(4 * 0.7 * B_ / N_) and b.stochastic
-    assert b.inverse_temperature == pytest.approx(N_ / 0.7)
-    np.testing.assert_allclose(b.noise_preconditioner, J_inv, rtol=1e-12)
-    g = row_tuning("G", J, I, weights=(0.6, 0.8), **tune)
-    assert g.step_size == pytest.approx(4 * 0.6 * B_ / N_)
-    assert g.inverse_temperature == pytest.approx(N_ / 0.8)
-    g0 = row_tuning("G", J, I, weights=(1.0, 0.0), **tune)  # w₂ = 0: row F
-    assert (g0.step_size, g0.inverse_temperature, g0.stochastic) == (f.step_size, math.inf, False)
-    p5 = row_tuning("P5", J, I, **tune)
-    assert p5.step_size == 4 * B_ / N_ and not p5.stochastic
-    np.testing.assert_allclose(p5.preconditioner, I_inv, rtol=1e-12)
-    p4 = row_tuning("P4", J, I, c_h=200.0, **tune)
-    assert p4.step_size == pytest.approx(200.0 / N_) and p4.control_variates
-    assert p4.inverse_temperature == N_ and p4.stochastic
-    p3 = row_tuning("P3", J, I, c_h=200.0, c_b=50.0, **tune)  # h = (c_h/c_b) b/n
-    assert p3.step_size == pytest.approx(4 * B_ / N_) and p3.control_variates
-    np.testing.assert_array_equal(p3.preconditioner, np.eye(4))
-    a = row_tuning("A", J, I, **tune)
-    assert (a.step_size, a.inverse_temperature) == (f.step_size, math.inf)
-    assert row_tuning("A", J, I, c_h=50.0, **tune).step_size == pytest.approx(50.0 / N_)
-    assert not row_tuning("P2", J, I, c_h=1.0, **tune).control_variates
-
-
-def test_row_mixing_times_are_the_tables_in_epochs(info):
-    J, I, _ = info
-    tune = dict(batch_size=B_, num_data=N_)
-    lam_min = np.min(np.linalg.eigvalsh(J))
-    lam_min_p5 = np.min(np.linalg.eigvals(np.linalg.inv(I) @ J).real)
-    c_h = 200.0
-    h12 = 1.0 / N_
-    expected = {  # the table's epochs; the exact linearised chain has b/n less
-        "P1": (4 * B_ / (N_ * h12 * lam_min), dict(c_h=1.0)),
-        "P2": (4 * B_ / (N_ * h12), dict(c_h=1.0)),
-        "P3": (4 * B_ / (c_h * lam_min), dict(c_h=c_h)),
-        "P4": (4 * B_ / c_h, dict(c_h=c_h)),
-        "P5": (1 / lam_min_p5, {}),
-        "B": (1 / 0.7, dict(weight=0.7)),
-        "F": (1.0, {}),
-        "G": (1 / 0.6, dict(weights=(0.6, 0.8))),
-        "A": (1.0, {}),
-    }
-    for name, (epochs, kw) in expected.items():
-        mix = row_mixing(name, J, I, **tune, **kw)
-        np.testing.assert_allclose(mix.epochs, epochs - B_ / N_, rtol=1e-10, err_msg=name)

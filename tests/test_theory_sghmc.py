@@ -1,9 +1,10 @@
-"""``numpyro_sgmc.theory``'s SGHMC predictions (``shared/design/theory.md`` §5).
+"""``numpyro_sgmc.theory``'s SGHMC predictions (``docs/theory.md`` §5).
 
 The transition ``F`` and noise ``D`` are checked algebraically against an explicit
 implementation of the kernel's ``(r, θ)`` update, and the stationary covariance and
 autocorrelation times against a float64 NumPy simulation of that update (many independent
-chains; Monte Carlo tolerances from the spread between chains).
+chains; Monte Carlo tolerances from the spread between chains). The explicit update is written
+in Chen et al.'s step ``η``; the library's ``step_size`` is ``h = n η²``.
 """
 
 import math
@@ -11,17 +12,31 @@ import math
 import numpy as np
 import pytest
 
+from harness import Z_MAX as Z
+from numpyro_sgmc import theory
 from numpyro_sgmc.theory import (
     SGHMCPrediction,
     autocorrelation_times,
-    discrete_lyapunov,
-    iterate_average_covariance,
     sghmc_prediction,
     sghmc_recursion,
 )
 
-Z = 5.0  # Monte Carlo tolerance in standard errors
 N = 1000  # n
+
+
+def h(eta):
+    """The library's step size for Chen et al.'s ``η``: ``h = n η²``."""
+    return N * eta**2
+
+
+def iterate_average_covariance(F, sigma, T):
+    return np.asarray(theory.iterate_average_covariance(F, sigma, T))
+
+
+def discrete_lyapunov(F, D):
+    return np.asarray(theory.discrete_lyapunov(F, D))
+
+
 J2 = np.array([[2.0, 0.6], [0.6, 1.0]])  # correlated per-datum curvature
 I2 = np.array([[0.06, -0.02], [-0.02, 0.03]])  # per-datum gradient covariance
 
@@ -61,7 +76,7 @@ CASES = {
             mass=[2.0, 0.5],
             momentum_decay=0.5,
             gradient_noise=[3.0, 1.0],
-            step_size=0.01,
+            step_size=h(0.01),
             batch_size=50,
         ),
         M=np.diag([2.0, 0.5]),
@@ -75,7 +90,7 @@ CASES = {
         kwargs=dict(
             mass=[[1.0, 0.3], [0.3, 0.8]],
             friction=[[60.0, -10.0], [-10.0, 40.0]],
-            step_size=0.015,
+            step_size=h(0.015),
             batch_size=100,
             without_replacement=True,
             inverse_temperature=N / 2,
@@ -93,7 +108,9 @@ def case_setup(name):
     kw = case["kwargs"]
     T = N / kw.get("inverse_temperature", N)
     noise_cov = N * N * case["factor"] / kw["batch_size"] * I2
-    step = dict(n=N, J=J2, eta=kw["step_size"], M=case["M"], C=case["C"], B=case["B"], T=T)
+    step = dict(
+        n=N, J=J2, eta=math.sqrt(kw["step_size"] / N), M=case["M"], C=case["C"], B=case["B"], T=T
+    )
     return kw, step, noise_cov
 
 
@@ -121,7 +138,7 @@ def test_recursion_is_the_explicit_update(name):
 
 def test_argument_forms_agree():
     """Scalars, diagonals and matrices; full data ignores ``I``; ``B̂`` can cancel ``I``."""
-    common = dict(num_data=N, step_size=0.01)
+    common = dict(num_data=N, step_size=h(0.01))
     F1, D1 = sghmc_recursion(np.diag(J2), mass=2.0, friction=[5.0, 5.0], **common)
     F2, D2 = sghmc_recursion(
         np.diag(np.diag(J2)), mass=2 * np.eye(2), friction=5 * np.eye(2), **common
@@ -166,7 +183,12 @@ def test_small_step_limit_is_the_posterior_and_the_kinetic_law(beta):
     pos, mom = [], []
     for eta in (1e-3, 5e-4, 2.5e-4):
         p = sghmc_prediction(
-            J2, num_data=N, step_size=eta, mass=M, friction=[20.0, 10.0], inverse_temperature=beta
+            J2,
+            num_data=N,
+            step_size=h(eta),
+            mass=M,
+            friction=[20.0, 10.0],
+            inverse_temperature=beta,
         )
         assert isinstance(p, SGHMCPrediction)
         pos.append(rel(p.position_covariance, target))
@@ -182,11 +204,11 @@ def test_default_friction_keeps_a_momentum_bias_of_order_alpha():
     """With ``C = (α/η) M`` the momentum step is the AR(1) ``r' = (1-α) r + ...``:
     ``Σ_rr → T M/(1 - α/2)`` as ``η → 0``, while ``Σ_θθ → T (nJ)⁻¹`` still."""
     alpha = 0.1
-    p = sghmc_prediction(J2, num_data=N, step_size=2.5e-4, momentum_decay=alpha)
+    p = sghmc_prediction(J2, num_data=N, step_size=h(2.5e-4), momentum_decay=alpha)
     np.testing.assert_allclose(p.momentum_covariance, np.eye(2) / (1 - alpha / 2), atol=1e-4)
     assert rel(p.position_covariance, np.linalg.inv(N * J2)) < 1e-4
     # every mode is underdamped at this step: the spectral radius is sqrt(1 - α)
-    p = sghmc_prediction(J2, num_data=N, step_size=4e-3, momentum_decay=alpha)
+    p = sghmc_prediction(J2, num_data=N, step_size=h(4e-3), momentum_decay=alpha)
     np.testing.assert_allclose(p.spectral_radius, math.sqrt(1 - alpha), rtol=1e-10)
 
 
@@ -311,7 +333,7 @@ def test_a_mass_matching_the_scales_mixes_faster():
     for label, mass in (("matched", matched), ("identity", identity)):
         eta = stable_step(J, mass, alpha, 0.5)
         preds[label] = sghmc_prediction(
-            J, num_data=N, step_size=eta, mass=mass, momentum_decay=alpha
+            J, num_data=N, step_size=h(eta), mass=mass, momentum_decay=alpha
         )
     assert (
         preds["matched"].worst_autocorrelation_time
@@ -322,7 +344,7 @@ def test_a_mass_matching_the_scales_mixes_faster():
     np.testing.assert_allclose(taus[0], taus[1], rtol=1e-8)
     # the same η (the identity mass's): the slow coordinate is unchanged
     eta = stable_step(J, identity, alpha, 0.5)
-    same = sghmc_prediction(J, num_data=N, step_size=eta, mass=matched, momentum_decay=alpha)
+    same = sghmc_prediction(J, num_data=N, step_size=h(eta), mass=matched, momentum_decay=alpha)
     np.testing.assert_allclose(
         same.autocorrelation_times[1], preds["identity"].autocorrelation_times[1], rtol=1e-8
     )
@@ -335,20 +357,20 @@ def test_a_mass_matching_the_scales_mixes_faster():
 
 def test_friction_below_the_gradient_noise_is_rejected():
     with pytest.raises(ValueError, match="lower gradient_noise or raise the friction"):
-        sghmc_recursion(J2, num_data=N, step_size=0.01, friction=5.0, gradient_noise=[6.0, 1.0])
+        sghmc_recursion(J2, num_data=N, step_size=h(0.01), friction=5.0, gradient_noise=[6.0, 1.0])
     with pytest.raises(ValueError, match="positive semidefinite"):
         sghmc_prediction(
-            J2, num_data=N, step_size=0.01, momentum_decay=0.1, gradient_noise=20.0
+            J2, num_data=N, step_size=h(0.01), momentum_decay=0.1, gradient_noise=20.0
         )  # C = 10 I
-    sghmc_recursion(J2, num_data=N, step_size=0.01, friction=5.0, gradient_noise=5.0)  # C = B̂
+    sghmc_recursion(J2, num_data=N, step_size=h(0.01), friction=5.0, gradient_noise=5.0)  # C = B̂
 
 
 def test_minibatches_need_the_gradient_covariance():
     with pytest.raises(ValueError, match="pass I"):
-        sghmc_prediction(J2, num_data=N, step_size=0.01, batch_size=10)
-    sghmc_prediction(J2, num_data=N, step_size=0.01, batch_size=10, control_variates=True)
+        sghmc_prediction(J2, num_data=N, step_size=h(0.01), batch_size=10)
+    sghmc_prediction(J2, num_data=N, step_size=h(0.01), batch_size=10, control_variates=True)
     with pytest.raises(ValueError, match="batch_size"):
-        sghmc_recursion(J2, num_data=N, step_size=0.01, batch_size=N + 1, I=I2)
+        sghmc_recursion(J2, num_data=N, step_size=h(0.01), batch_size=N + 1, I=I2)
 
 
 @pytest.mark.parametrize("alpha", [0.1, 0.5, 1.0, 1.5])
@@ -358,21 +380,23 @@ def test_unstable_step_is_rejected_at_the_predicted_bound(alpha):
     lam_max = np.max(np.linalg.eigvals(np.linalg.solve(mass, J2)).real)
     bound = math.sqrt(2 * (2 - alpha) / (N * lam_max))
     common = dict(num_data=N, mass=mass, momentum_decay=alpha)
-    assert sghmc_prediction(J2, step_size=0.999 * bound, **common).spectral_radius < 1
+    assert sghmc_prediction(J2, step_size=h(0.999 * bound), **common).spectral_radius < 1
     with pytest.raises(ValueError, match=r"unstable.*Reduce step_size.*step_size < "):
-        sghmc_prediction(J2, step_size=1.001 * bound, **common)
+        sghmc_prediction(J2, step_size=h(1.001 * bound), **common)
+    # in the library's convention the bound is h λmax(M⁻¹J) < 2(2 - α)
+    np.testing.assert_allclose(h(bound) * lam_max, 2 * (2 - alpha), rtol=1e-12)
 
 
 def test_unstable_with_given_friction_and_bad_arguments():
     with pytest.raises(ValueError, match="Reduce step_size"):
-        sghmc_prediction(J2, num_data=N, step_size=0.01, friction=500.0)  # η C = 5: overshoots
+        sghmc_prediction(J2, num_data=N, step_size=h(0.01), friction=500.0)  # η C = 5: overshoots
     with pytest.raises(ValueError, match="momentum_decay must be positive"):
-        sghmc_recursion(J2, num_data=N, step_size=0.01, momentum_decay=0.0)
+        sghmc_recursion(J2, num_data=N, step_size=h(0.01), momentum_decay=0.0)
     with pytest.raises(ValueError, match="step_size must be positive"):
-        sghmc_recursion(J2, num_data=N, step_size=0.0)
+        sghmc_recursion(J2, num_data=N, step_size=h(0.0))
     with pytest.raises(ValueError, match="mass must be symmetric positive definite"):
-        sghmc_recursion(J2, num_data=N, step_size=0.01, mass=[1.0, -1.0])
+        sghmc_recursion(J2, num_data=N, step_size=h(0.01), mass=[1.0, -1.0])
     with pytest.raises(ValueError, match="shape"):
-        sghmc_recursion(J2, num_data=N, step_size=0.01, mass=np.ones(3))
+        sghmc_recursion(J2, num_data=N, step_size=h(0.01), mass=np.ones(3))
     with pytest.raises(ValueError, match="singular"):
-        sghmc_prediction(J2, num_data=N, step_size=0.01, inverse_temperature=math.inf)
+        sghmc_prediction(J2, num_data=N, step_size=h(0.01), inverse_temperature=math.inf)

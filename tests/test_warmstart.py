@@ -8,8 +8,11 @@ import numpy as np
 import optax
 import pytest
 
-from numpyro_sgmc import ConvergenceWarning, warm_start
+from numpyro_sgmc import warm_start
+from numpyro_sgmc.diagnostics import ConvergenceWarning
 from problems import PRIOR_SCALE, logistic_regression, make_logistic, offset_regression
+
+KEY = jax.random.key(0)
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +33,7 @@ def test_restarts_reach_the_exact_mode(logistic):
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
         warm = warm_start(
-            logistic_regression, X, y, rng_key=jax.random.key(0), num_epochs=10, num_restarts=3
+            logistic_regression, jax.random.key(0), X, y, num_epochs=10, num_restarts=3
         )
     assert warm.num_restarts == 3 and warm.num_epochs == pytest.approx(10)
     assert np.all(warm.converged)
@@ -59,7 +62,12 @@ def test_constrained_site_mode():
     x = rng.standard_normal(5000)
     y = 0.3 + x + 2.0 * rng.standard_normal(5000)
     warm = warm_start(
-        offset_regression, jnp.asarray(x), jnp.asarray(y), num_epochs=20, subsample_size=64
+        offset_regression,
+        KEY,
+        jnp.asarray(x),
+        jnp.asarray(y),
+        num_epochs=20,
+        model_kwargs={"subsample_size": 64},
     )
     resid = y - x
     assert float(warm.constrained["mu"][0]) == pytest.approx(resid.mean(), abs=0.03)
@@ -70,7 +78,7 @@ def test_constrained_site_mode():
 def test_too_short_a_run_is_reported_with_numbers(logistic):
     X, y, *_ = logistic
     with pytest.warns(ConvergenceWarning, match="posterior standard deviations") as record:
-        warm = warm_start(logistic_regression, X, y, num_epochs=0.05, learning_rate=1e-3)
+        warm = warm_start(logistic_regression, KEY, X, y, num_epochs=0.05, learning_rate=1e-3)
     assert not warm.converged[0]
     assert "num_epochs=0.05" in str(record[0].message)
     assert warm.gradient_distance[0] > 10
@@ -78,7 +86,7 @@ def test_too_short_a_run_is_reported_with_numbers(logistic):
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
         unchecked = warm_start(
-            logistic_regression, X, y, num_epochs=0.05, learning_rate=1e-3, check=False
+            logistic_regression, KEY, X, y, num_epochs=0.05, learning_rate=1e-3, check=False
         )
     assert unchecked.converged is None and np.isnan(unchecked.gradient_distance[0])
     np.testing.assert_array_equal(unchecked.params["theta"], warm.params["theta"])
@@ -90,6 +98,7 @@ def test_any_optax_optimizer_and_given_starting_points(logistic):
     start = {"theta": jnp.asarray(mode + 0.1, jnp.float32)}
     warm = warm_start(
         logistic_regression,
+        KEY,
         X,
         y,
         num_epochs=2,
@@ -105,10 +114,10 @@ def test_any_optax_optimizer_and_given_starting_points(logistic):
 def test_bad_arguments(logistic):
     X, y, *_ = logistic
     with pytest.raises(ValueError, match="num_restarts"):
-        warm_start(logistic_regression, X, y, num_restarts=0)
+        warm_start(logistic_regression, KEY, X, y, num_restarts=0)
     with pytest.raises(ValueError, match="num_epochs"):
-        warm_start(logistic_regression, X, y, num_epochs=0)
+        warm_start(logistic_regression, KEY, X, y, num_epochs=0)
     with pytest.raises(ValueError, match="one per restart"):
-        warm_start(logistic_regression, X, y, init_params={"theta": jnp.zeros((4, 3))})
+        warm_start(logistic_regression, KEY, X, y, init_params={"theta": jnp.zeros((4, 3))})
     with pytest.raises(ValueError, match="larger than the data"):
-        warm_start(logistic_regression, X, y, batch_size=10**6)
+        warm_start(logistic_regression, KEY, X, y, batch_size=10**6)

@@ -1,80 +1,169 @@
-"""SGHMC and AdaSGHMC: the second-order kernels of ``shared/design/theory.md`` §5–§6.
+"""SGHMC and AdaSGHMC: the second-order kernels of ``docs/theory.md`` §5–§6.
 
 .. math::
 
     r' = r - \\eta\\,\\nabla\\tilde U(\\theta) - \\eta\\, C M^{-1} r
          + \\sqrt{2\\eta T}\\,(C - \\hat B)^{1/2}\\xi, \\qquad
-    \\theta' = \\theta + \\eta\\, M^{-1} r'
+    \\theta' = \\theta + \\eta\\, M^{-1} r', \\qquad \\eta = \\sqrt{h/n}
 
-(Chen, Fox & Guestrin 2014). The batch sampler, gradient estimators, divergence handling and
-per-chain values are those of :class:`~numpyro_sgmc.kernels.base.SGMCKernel`; the momentum
-``r`` lives in the state and is carried from step to step (drawn once, at ``init``, from its
-stationary law ``N(0, T M)``). The state's ``preconditioner`` field holds the mass matrix
-``M``, so each chain can have its own (``ChainInit(preconditioner=M_k)``, e.g. from its own
-Adam run, :func:`~numpyro_sgmc.mass_from_warm_start`).
+(Chen, Fox & Guestrin 2014), the :func:`~numpyro_sgmc.diffusions.sghmc` integrator with the
+same estimators as the first-order kernels. ``step_size`` is ``h`` on the average-gradient
+scale, as for every kernel (:mod:`numpyro_sgmc.diffusions`): Chen et al.'s ``ε`` is
+``η = sqrt(h/n)`` and the learning rate of their momentum form is ``h/n``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from functools import partial
+from typing import NamedTuple, Optional
 
-import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import random
-from jax.flatten_util import ravel_pytree
-from numpyro.util import is_prng_key, not_jax_tracer
+from numpyro.infer.initialization import init_to_uniform
+from numpyro.util import not_jax_tracer
 
-from numpyro_sgmc import preconditioners
-from numpyro_sgmc.diagnostics import tree_all_finite
-from numpyro_sgmc.diffusions import sghmc_step
-from numpyro_sgmc.kernels.base import SGMCKernel, SGMCState, _tree_norm
+from numpyro_sgmc.adaptation import mass_adaptation
+from numpyro_sgmc.curvature import curvature
+from numpyro_sgmc.diffusions import default_friction, sghmc, sghmc_params
+from numpyro_sgmc.kernels.auto_step import Auto, auto_spec
+from numpyro_sgmc.kernels.checks import StepCheck
+from numpyro_sgmc.kernels.core import build_kernel
+from numpyro_sgmc.kernels.sgld import needs_support_check
+from numpyro_sgmc.kernels.shell import (
+    KernelOptions,
+    SGMCKernel,
+    check_step_size,
+    estimator_for,
+    valid_constrained,
+)
+from numpyro_sgmc.scales import Dense, Diagonal, check_type, prepare
+from numpyro_sgmc.theory.sghmc import sghmc_prediction
 
-__all__ = ["SGHMC", "AdaSGHMC", "MassAdaptation"]
+__all__ = ["SGHMC", "AdaSGHMC", "SGHMCConfig", "build_sghmc", "sghmc_step_check"]
 
 
-def _as_diagonal(spec, role: str, allow_zero: bool):
-    """``None``, a scalar, a dict of per-site values or a ``Diagonal`` -> ``Diagonal`` or None."""
-    if spec is None:
-        return None
-    if isinstance(spec, preconditioners.Diagonal):
-        spec = spec.scale
+class SGHMCConfig(NamedTuple):
+    """The static (hashable) description of an SGHMC kernel; per-chain values are in the
+    state (:class:`~numpyro_sgmc.diffusions.SGHMCParams`)."""
+
+    spec: object
+    layout: object
+    shards: object
+    batch_sampling: str
+    control_variates: bool
+    chunk_size: int
+    num_data: int
+    temperature: float
+    momentum_decay: Optional[float]  # None when the friction is given
+    adaptation_window: Optional[float]  # AdaSGHMC
+    num_warmup_steps: int
+    check_support: bool
+    exclude: frozenset
+
+
+def _with_mass(config: SGHMCConfig, params, mass):
+    """The parameters for a new mass (the default friction ``C = (α/η) M`` follows it)."""
+    d = config.layout.size
+    friction = params.friction
+    if config.momentum_decay is not None:
+        friction = default_friction(
+            config.momentum_decay, params.step_size, config.num_data, mass, d
+        )
+    return sghmc_params(
+        params.step_size,
+        config.num_data,
+        config.temperature,
+        mass,
+        friction,
+        params.gradient_noise,
+        d,
+    )
+
+
+def build_sghmc(config: SGHMCConfig):
+    """The functional kernel (:func:`~numpyro_sgmc.kernels.core.build_kernel`) of ``config``."""
+    estimator = estimator_for(
+        config.spec,
+        config.shards,
+        config.batch_sampling,
+        config.control_variates,
+        config.chunk_size,
+    )
+    adaptation = None
+    if config.adaptation_window is not None:
+        adaptation = mass_adaptation(
+            config.adaptation_window,
+            config.num_warmup_steps,
+            config.num_data,
+            partial(_with_mass, config),
+        )
+    valid = valid_constrained(config.spec, config.exclude) if config.check_support else None
+    integrator = sghmc(config.num_data, config.temperature)
+    return build_kernel(estimator, integrator, config.layout, adaptation, valid)
+
+
+def sghmc_step_check(step_size, curvature, num_data, batch_size, temperature, alpha, control):
+    """The :class:`~numpyro_sgmc.kernels.checks.StepCheck` of SGHMC with its default friction:
+    the 1-d linearised chain (``docs/theory.md`` §5) along the stiffest direction of ``M⁻¹J``
+    (``λ = λmax``, ``I ≈ rλ``) against its target ``T/(nλ)``; stable while
+    ``hλ < 2(2 - α)``."""
+    h, lam, n = float(step_size), float(curvature.lam_max), int(num_data)
+    bound = 2.0 * (2.0 - alpha)
+    r = curvature.noise_ratio if math.isfinite(curvature.noise_ratio) else 0.0
+    minibatch = batch_size < n and not control and r > 0
+    beta = math.inf if temperature == 0 else n / temperature
+
+    def inflation(h):
+        if h * lam >= bound:
+            return math.inf
+        law = sghmc_prediction(
+            np.array([lam]), num_data=n, step_size=h, momentum_decay=alpha,
+            inverse_temperature=beta, I=np.array([r * lam]) if minibatch else None,
+            batch_size=batch_size if minibatch else None,
+        )  # fmt: skip
+        return float(law.position_covariance[0, 0]) * n * lam / max(temperature, 1e-300) - 1
+
+    if temperature == 0:
+        return StepCheck(h, lam, r, h * lam, bound, math.nan, 1.0 / lam)
+    low, high = 0.0, min(h, bound / lam)  # the largest step with inflation <= 10%
+    if inflation(high) <= 0.1:
+        low = high
+    for _ in range(40):
+        if high - low <= 1e-3 * high:
+            break
+        mid = 0.5 * (low + high)
+        low, high = (mid, high) if inflation(mid) <= 0.1 else (low, mid)
+    return StepCheck(h, lam, r, h * lam, bound, inflation(h), max(low, 1e-12))
+
+
+def _diagonal_spec(spec, role: str, allow_zero: bool):
+    """``None``, a number, a dict ``{site: value}`` or a scale -> a scale spec or ``None``."""
+    if spec is None or isinstance(spec, (Diagonal, Dense)):
+        return spec
     if isinstance(spec, dict):
-        return preconditioners.Diagonal(dict(spec))
-    try:
-        value = float(spec)
-    except (TypeError, ValueError):
+        return Diagonal(dict(spec))
+    if isinstance(spec, (str, bytes, bool)) or np.ndim(spec) != 0:
         raise TypeError(
             f"{role} must be None, a number, a dict {{site: value}} or a Diagonal; got "
             f"{type(spec).__name__}."
-        ) from None
+        )
+    value = float(spec)
     ok = value >= 0 if allow_zero else value > 0
     if not (ok and math.isfinite(value)):
-        sign = "non-negative" if allow_zero else "positive"
-        raise ValueError(f"{role} must be {sign}, got {value}.")
+        raise ValueError(
+            f"{role} must be {'non-negative' if allow_zero else 'positive'}, got {value}."
+        )
     return value
 
 
-def _per_site(spec, position: dict, role: str, allow_zero: bool):
-    """Broadcast a scalar or ``Diagonal`` spec to {site: array} over ``position``, checking it."""
+def _resolve(spec, position, role, allow_zero=False):
+    """A prepared scale for a ``_diagonal_spec`` (a number covers every site)."""
     if spec is None:
         return None
-    if not isinstance(spec, preconditioners.Diagonal):
-        return {k: jnp.full(jnp.shape(v), spec, jnp.result_type(v)) for k, v in position.items()}
-    scales = preconditioners.check_scales(spec.scale, position, role, allow_zero)
-    return {k: jnp.broadcast_to(v, jnp.shape(position[k])) for k, v in scales.items()}
-
-
-class MassAdaptation(NamedTuple):
-    """AdaSGHMC's running statistics (Springenberg et al. 2016).
-
-    :param dict square_gradient: exponential moving average of ``(∇Ũ)²``, per entry.
-    :param count: number of averaged gradients (for the bias correction).
-    """
-
-    square_gradient: dict
-    count: jnp.ndarray
+    if isinstance(spec, float):
+        spec = Diagonal({k: spec for k in position})
+    return prepare(spec, position, role, allow_zero)
 
 
 class SGHMC(SGMCKernel):
@@ -84,59 +173,78 @@ class SGHMC(SGMCKernel):
 
         r' = r - \\eta\\,\\nabla\\tilde U(\\theta) - \\eta\\, C M^{-1} r
              + \\sqrt{2\\eta T}\\,(C - \\hat B)^{1/2}\\xi, \\qquad
-        \\theta' = \\theta + \\eta\\, M^{-1} r', \\qquad \\xi \\sim N(0, I_d)
+        \\theta' = \\theta + \\eta\\, M^{-1} r', \\qquad \\eta = \\sqrt{h/n}, \\quad
+        \\xi \\sim N(0, I_d)
 
-    (``shared/design/theory.md`` §5; Chen, Fox & Guestrin 2014), with ``∇Ũ = -n ĝ`` the
-    minibatch (or control-variate) estimate of the full potential's gradient, exactly as for
+    (``docs/theory.md`` §5; Chen, Fox & Guestrin 2014), with ``∇Ũ = -n ĝ`` the minibatch (or
+    control-variate) estimate of the potential's gradient, as for
     :class:`~numpyro_sgmc.SGLD`. The momentum is drawn once from ``N(0, T M)`` at ``init`` and
-    then carried in the state (``state.momentum``), never redrawn.
+    then carried in the state (``state.momentum``, flat), never redrawn.
 
-    What it samples: for small ``η`` the posterior (tempered by ``T``), with the momentum
-    ``~ N(0, T M)``. At a finite ``η``, on a quadratic potential, the stationary covariance of
-    ``(θ, r)`` is the ``2d × 2d`` discrete-Lyapunov solution that
+    What it samples: for small ``h`` the posterior (tempered by ``T``); at a finite ``h``, on a
+    quadratic potential, the ``2d × 2d`` discrete-Lyapunov solution that
     :func:`numpyro_sgmc.theory.sghmc_prediction` computes, which also gives the
-    autocorrelation times.
+    autocorrelation times. With the default friction it is stable iff
+    ``h·λmax(M⁻¹J) < 2(2 - α)``.
 
-    **Mass matrix.** ``M`` plays the role of a preconditioner: the step of parameter ``i`` is
-    about ``η/m_i`` on the ``M⁻¹r`` scale. A diagonal ``M`` matched to the posterior's scales
-    (``m_i ∝`` the curvature) lets one ``η`` fit every coordinate. The optimizer-informed
-    masses of theory §6 come from :func:`~numpyro_sgmc.mass_from_warm_start`, one per chain
-    (``ChainInit(params=warm.params, preconditioner=masses)``), and need no warm-up.
+    **Mass matrix.** ``M`` plays the role of an inverse preconditioner: a diagonal ``M``
+    matched to the posterior's curvature lets one ``h`` fit every coordinate. The
+    optimizer-informed masses of ``docs/theory.md`` §6 come from
+    :func:`numpyro_sgmc.bde.mass_from_warm_start`, one per chain, and need no warm-up.
 
-    **Example** (a Bayesian deep ensemble: ``K`` Adam modes, ``K`` chains)::
+    **Example** (a Bayesian deep ensemble on scikit-learn's diabetes data: ``K = 4`` Adam
+    modes, one chain from each with its own mass)::
 
-        warm = warm_start(model, X, y, num_restarts=K, num_epochs=20)
-        kernel = SGHMC(model, step_size=1e-3, num_steps=50)
-        mcmc = MCMC(kernel, num_warmup=0, num_samples=200, num_chains=K,
-                    chain_method="vectorized")
-        # = ChainInit(params=warm.params, preconditioner=mass_from_warm_start(warm, ...))
-        mcmc.run(key, X, y, init_params=warm.chain_init("first_moment"))
+        import jax
+        from numpyro.infer import MCMC
+        from numpyro_sgmc import SGHMC, bde, warm_start
+
+        data = bde.diabetes()
+        model = bde.mlp(1, hidden=(50,), likelihood="gaussian", batch_size=32)
+        warm = warm_start(model, jax.random.key(0), data.X_train, data.y_train,
+                          num_restarts=4, num_epochs=50, learning_rate=0.01, check=False)
+        mcmc = MCMC(SGHMC(model, step_size=0.03, num_steps=20), num_warmup=0,
+                    num_samples=50, num_chains=4, chain_method="vectorized")
+        mcmc.run(jax.random.key(1), data.X_train, data.y_train,
+                 init_params=bde.chain_init(warm, "first_moment"))
+        bde.evaluate(mcmc.sampler.model, mcmc.get_samples(), data.X_test, y=data.y_test)
+
+    **Automatic step.** ``step_size="auto"`` sets every chain's ``h`` at init, from its own
+    start and mass, to a fixed fraction of the stability bound,
+    ``h = f·2(2 - α)/λmax(M⁻¹J)`` (``λmax`` by a power iteration with Hessian-vector products
+    on a batch of rows, :mod:`numpyro_sgmc.kernels.auto_step`), and reports it in
+    ``kernel.auto_step`` (one ``h`` and ``λmax`` per chain). It needs the default friction.
 
     :param model: a NumPyro model whose data plate(s) declare ``subsample_size``.
-    :param float step_size: ``η``, on the scale of the full potential ``U`` (the ``ε`` of
-        Chen et al.; the position moves about ``η² M⁻¹ ∇Ũ`` per step from the gradient).
+    :param step_size: ``h`` on the average-gradient scale (``η = sqrt(h/n)`` is Chen et
+        al.'s step; from rest the position moves by ``h M⁻¹ ĝ``), ``"auto"`` or
+        :class:`~numpyro_sgmc.kernels.auto_step.Auto` settings.
     :param mass: ``M``: ``None`` (identity), :class:`~numpyro_sgmc.Diagonal`,
         :func:`~numpyro_sgmc.layerwise` or :class:`~numpyro_sgmc.Dense`; the same for every
         chain unless ``ChainInit.preconditioner`` gives per-chain masses.
-    :param friction: ``C``: ``None`` (default) for ``C = (α/η) M``, so that every
-        coordinate's momentum decays by ``1 - α`` per step (Springenberg et al. 2016's
-        choice); or a positive number (``C = c I``), a dict ``{site: value}`` or a
-        :class:`~numpyro_sgmc.Diagonal` for a diagonal ``C``.
-    :param float momentum_decay: ``α`` in ``(0, 1]`` when ``friction`` is ``None``
-        (default 0.1).
-    :param gradient_noise: ``B̂``, an estimate of ``η/2`` times the covariance of the
-        gradient noise of ``∇Ũ`` (Chen et al.'s correction), diagonal: ``None`` (0), a number,
-        a dict or a :class:`~numpyro_sgmc.Diagonal`. ``C - B̂`` must be non-negative; with the
-        default friction this needs a diagonal ``M``.
-    :param inverse_temperature: ``β`` on the average-gradient scale as for the other kernels:
-        ``None`` for ``n`` (the posterior, temperature ``T = n/β = 1``); ``n/w`` tempers the
-        posterior by ``w``; ``math.inf`` removes the noise (SGD with heavy-ball momentum).
-    :param kwargs: ``batch_size``, ``control_variates``, ``batch_sampling``, ``num_steps``
-        (iterations per MCMC draw, default 100), ``init_strategy``, ``chunk_size``, as for
-        :class:`~numpyro_sgmc.kernels.base.SGMCKernel`.
+    :param friction: ``C``: ``None`` (default) for ``C = (α/η) M``, so that every momentum
+        decays by ``1 - α`` per step (Springenberg et al. 2016); a positive number
+        (``C = c I``), a dict ``{site: value}`` or a :class:`~numpyro_sgmc.Diagonal`.
+    :param float momentum_decay: ``α`` in ``(0, 1]`` when ``friction`` is ``None`` (default
+        0.1).
+    :param gradient_noise: ``B̂``, an estimate of ``η/2`` times the covariance of the gradient
+        noise of ``∇Ũ`` (Chen et al.'s correction), diagonal: ``None`` (0), a number, a dict
+        or a :class:`~numpyro_sgmc.Diagonal`. ``C - B̂`` must be non-negative.
+    :param inverse_temperature: ``β``: ``None`` for ``n`` (the posterior, ``T = n/β = 1``);
+        ``n/w`` tempers the posterior by ``w``; ``math.inf`` removes the noise (SGD with
+        heavy-ball momentum).
+    :param bool control_variates: estimate gradients with control variates around each chain's
+        start (or ``ChainInit.centre``).
+    :param batch_size: as for :class:`~numpyro_sgmc.SGLD`.
+    :param str batch_sampling: as for :class:`~numpyro_sgmc.SGLD`.
+    :param int num_steps: iterations per MCMC draw (default 100).
+    :param init_strategy: NumPyro init strategy for chains not given ``init_params``.
+    :param int chunk_size: rows per plate evaluated at once for full-data gradients.
+    :param int progress_draws: as for :class:`~numpyro_sgmc.SGLD`.
     """
 
-    _adapts_mass = False
+    _build = staticmethod(build_sghmc)
+    _adaptation_window = None
 
     def __init__(
         self,
@@ -148,201 +256,192 @@ class SGHMC(SGMCKernel):
         momentum_decay=0.1,
         gradient_noise=None,
         inverse_temperature=None,
-        **kwargs,
+        control_variates=False,
+        batch_size=None,
+        batch_sampling="with_replacement",
+        num_steps=100,
+        init_strategy=init_to_uniform,
+        chunk_size=65536,
+        progress_draws=None,
     ):
-        for name in ("preconditioner", "noise_preconditioner"):
-            if name in kwargs:
-                raise TypeError(
-                    f"SGHMC takes no {name}: its preconditioner is the mass matrix, pass mass=."
-                )
-        super().__init__(
-            model,
-            step_size,
-            preconditioner=mass,
-            inverse_temperature=inverse_temperature,
-            **kwargs,
-        )
-        self._friction = _as_diagonal(friction, "friction", allow_zero=False)
+        options = (batch_size, batch_sampling, num_steps, init_strategy, chunk_size, progress_draws)
+        super().__init__(model, KernelOptions(*options))
+        dynamics = (mass, friction, momentum_decay, gradient_noise, inverse_temperature)
+        self._configure(step_size, *dynamics, control_variates)
+
+    def _configure(
+        self, step_size, mass, friction, momentum_decay, gradient_noise, beta, control_variates
+    ):
+        self._step_size = auto_spec(step_size) or check_step_size(step_size)
+        self._mass = check_type(mass, "mass")
+        self._friction = _diagonal_spec(friction, "friction", allow_zero=False)
+        if isinstance(self._step_size, Auto) and self._friction is not None:
+            raise ValueError(
+                "step_size='auto' sets h from the stability bound h·λmax(M⁻¹J) < 2(2 - α) of "
+                "the default friction C = (α/η) M; a given friction has no single bound. Drop "
+                "friction= or give a number."
+            )
         try:
             alpha = float(momentum_decay)
         except (TypeError, ValueError):
             raise TypeError(f"momentum_decay must be a number, got {momentum_decay!r}.") from None
         if not 0 < alpha <= 1:
             raise ValueError(
-                f"momentum_decay must be in (0, 1] (the fraction of momentum lost per step), "
+                "momentum_decay must be in (0, 1] (the fraction of momentum lost per step), "
                 f"got {alpha}."
             )
         self._momentum_decay = alpha
-        self._gradient_noise = _as_diagonal(gradient_noise, "gradient_noise", allow_zero=True)
+        self._gradient_noise = _diagonal_spec(gradient_noise, "gradient_noise", allow_zero=True)
+        if beta is not None and not float(beta) > 0:
+            raise ValueError(f"inverse_temperature must be positive, got {beta!r}.")
+        self._inverse_temperature = None if beta is None else float(beta)
+        self._control_variates = bool(control_variates)
 
     @property
-    def temperature(self) -> float:
+    def step_size(self):
+        """``h``, on the average-gradient scale, or the
+        :class:`~numpyro_sgmc.kernels.auto_step.Auto` settings of ``step_size="auto"`` (each
+        chain's ``h`` is in ``auto_step`` after ``init``)."""
+        return self._step_size
+
+    @property
+    def temperature(self) -> Optional[float]:
         """``T = n/β`` (1 for the posterior). Known after ``init``."""
-        beta = self.inverse_temperature
-        return None if beta is None else self.num_data / beta
+        return None if self._prepared is None else self._temperature(self.num_data)
 
-    # ---- init ----------------------------------------------------------------------------
+    def _temperature(self, num_data: int) -> float:
+        beta = self._inverse_temperature
+        return 1.0 if beta is None else (0.0 if math.isinf(beta) else num_data / beta)
 
-    def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
-        state = super().init(rng_key, num_warmup, init_params, model_args, model_kwargs)
-        batched = not is_prng_key(rng_key)
-        one_z = jax.tree.map(lambda x: x[0], state.z) if batched else state.z
-        self._friction_sites = _per_site(self._friction, one_z, "friction", allow_zero=False)
-        self._noise_sites = _per_site(
-            self._gradient_noise, one_z, "gradient_noise", allow_zero=True
+    def _make_config(self, prepared, shards, num_warmup_steps):
+        return SGHMCConfig(
+            spec=prepared.spec,
+            layout=prepared.layout,
+            shards=shards,
+            batch_sampling=self._batch_sampling,
+            control_variates=self._control_variates,
+            chunk_size=self._chunk_size,
+            num_data=prepared.num_data,
+            temperature=self._temperature(prepared.num_data),
+            momentum_decay=self._momentum_decay if self._friction is None else None,
+            adaptation_window=self._adaptation_window,
+            num_warmup_steps=num_warmup_steps,
+            check_support=needs_support_check(prepared),
+            exclude=prepared.per_datum_sites,
         )
-        if (
-            self._noise_sites is not None
-            and self._friction is None
-            and isinstance(state.preconditioner, preconditioners.Dense)
-        ):
-            raise ValueError(
-                "gradient_noise with the default friction C = (α/η) M needs a diagonal mass "
-                "matrix; pass a diagonal friction= as well, or drop gradient_noise."
-            )
-        if self._adapts_mass and isinstance(state.preconditioner, preconditioners.Dense):
+
+    def _check_step(self, prepared, position, params, rng_key, model_args, model_kwargs):
+        if self._friction is not None:  # a given friction has no single stability bound
+            return None
+        found = curvature(
+            prepared.spec, prepared.layout, position, params.mass, rng_key, model_args,
+            model_kwargs, inverse=True,
+        )  # fmt: skip
+        return sghmc_step_check(
+            self._step_size, found, prepared.num_data, prepared.spec.batch_size,
+            self._temperature(prepared.num_data), self._momentum_decay, self._control_variates,
+        )  # fmt: skip
+
+    def _stability_bound(self) -> float:
+        """``2(2 - α)``: the default friction's bound of ``h·λmax(M⁻¹J)`` (``docs/theory.md``
+        §5)."""
+        return 2.0 * (2.0 - self._momentum_decay)
+
+    def _step_scale(self, prepared, position, chain_init, where):
+        """This chain's mass, and ``inverse=True``: the bound is on ``λmax(M⁻¹J)``."""
+        return self._chain_mass(position, chain_init, where), True
+
+    def _chain_mass(self, position, chain_init, where):
+        own = chain_init.preconditioner is not None
+        role = ("ChainInit.preconditioner" if own else "mass") + where
+        mass = prepare(chain_init.preconditioner if own else self._mass, position, role)
+        if self._adaptation_window is not None and isinstance(mass, Dense):
             raise ValueError(
                 "AdaSGHMC adapts a diagonal mass matrix; give an Identity or Diagonal initial mass."
             )
-        extend = self._start_momentum
-        state, noise_ok = jax.vmap(extend)(state) if batched else extend(state)
-        if not_jax_tracer(noise_ok) and not np.all(noise_ok):
-            raise ValueError(
-                "The injected noise variance 2ηT(C - B̂) is negative somewhere: gradient_noise "
-                "B̂ exceeds the friction C"
-                + (" = (α/η) M" if self._friction is None else "")
-                + ". Lower gradient_noise or raise "
-                + ("momentum_decay." if self._friction is None else "friction.")
-            )
-        return state
+        return mass
 
-    def _start_momentum(self, state: SGMCState):
-        """Draw ``r ~ N(0, T M)``; check ``C - B̂ ≥ 0`` for this chain's ``M``."""
-        key, key_momentum = random.split(state.rng_key)
-        mass = state.preconditioner
-        adaptation = None
-        if self._adapts_mass:
-            # a full per-entry diagonal, so that adaptation can write every entry
-            mass = preconditioners.Diagonal(preconditioners.diagonal(mass, state.z))
-            adaptation = MassAdaptation(
-                jax.tree.map(jnp.zeros_like, state.z), jnp.zeros((), jnp.int32)
-            )
-        flat, unravel = ravel_pytree(state.z)
-        xi = unravel(random.normal(key_momentum, flat.shape, flat.dtype))
-        scale = math.sqrt(self.temperature)
-        momentum = jax.tree.map(lambda e: scale * e, preconditioners.apply_sqrt(mass, xi))
-        noise_ok = jnp.array(True)
-        if self._noise_sites is not None:
-            if self._friction_sites is None:
-                m = preconditioners.diagonal(mass, state.z)
-                friction = {k: self._momentum_decay * m[k] / self._step_size for k in m}
-            else:
-                friction = self._friction_sites
-            noise_ok = jnp.all(
-                jnp.stack([jnp.all(friction[k] >= self._noise_sites[k]) for k in friction])
-            )
-        state = state._replace(
-            rng_key=key, momentum=momentum, preconditioner=mass, mass_adaptation=adaptation
-        )
-        return state, noise_ok
-
-    # ---- sample --------------------------------------------------------------------------
-
-    def _step(self, state: SGMCState, model_args, model_kwargs) -> SGMCState:
-        key, key_batch, key_noise = random.split(state.rng_key, 3)
-        grad, batch_state = self._gradient(
-            state.z, state.batch_state, key_batch, model_args, model_kwargs, state.centre
-        )
-        z, r = sghmc_step(
-            key_noise,
-            state.z,
-            state.momentum,
-            grad,
-            self._step_size,
-            self.num_data,
-            self.temperature,
-            state.preconditioner,
-            friction=self._friction_sites,
-            momentum_decay=self._momentum_decay,
-            gradient_noise=self._noise_sites,
-        )
-        finite = tree_all_finite(grad) & tree_all_finite(z) & tree_all_finite(r)
-        keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
-        state = state._replace(
-            i=state.i + 1,
-            z=jax.tree.map(keep, z, state.z),
-            momentum=jax.tree.map(keep, r, state.momentum),
-            grad_norm=_tree_norm(grad),
-            num_diverging=state.num_diverging + (~finite).astype(state.num_diverging.dtype),
-            batch_state=batch_state,
-            rng_key=key,
-        )
-        if self._adapts_mass:
-            state = self._adapt_mass(state, grad, finite)
-        return state
+    def _chain_params(self, prepared, position, chain_init, where, step_size):
+        mass = self._chain_mass(position, chain_init, where)
+        n, d = prepared.num_data, prepared.layout.size
+        dtype = jnp.result_type(*[jnp.asarray(v) for v in position.values()])
+        h = jnp.asarray(step_size, dtype)
+        noise = _resolve(self._gradient_noise, position, "gradient_noise" + where, True)
+        if self._friction is None:
+            if noise is not None and isinstance(mass, Dense):
+                raise ValueError(
+                    "gradient_noise with the default friction C = (α/η) M needs a diagonal mass "
+                    "matrix; pass a diagonal friction= as well, or drop gradient_noise."
+                )
+            friction = default_friction(self._momentum_decay, h, n, mass, d)
+        else:
+            friction = _resolve(self._friction, position, "friction" + where)
+        if noise is not None:
+            excess = np.asarray((friction - noise).diagonal(d))
+            if not_jax_tracer(excess) and np.any(excess < 0):
+                raise ValueError(
+                    "The injected noise variance 2ηT(C - B̂) is negative somewhere: gradient_noise "
+                    "B̂ exceeds the friction C"
+                    + (" = (α/η) M" if self._friction is None else "")
+                    + ". Lower gradient_noise or raise "
+                    + ("momentum_decay." if self._friction is None else "friction.")
+                )
+        return sghmc_params(h, n, self._temperature(n), mass, friction, noise, d)
 
 
 class AdaSGHMC(SGHMC):
-    """Scale-adapted SGHMC (Springenberg et al. 2016): a diagonal mass adapted during warm-up.
+    """Scale-adapted SGHMC (Springenberg, Klein, Falkner & Hutter 2016).
 
     The update is :class:`SGHMC`'s. During warm-up (the first ``num_warmup · num_steps``
-    iterations) it keeps an exponential moving average, with bias correction as in Adam,
-
-    .. math::
-
-        \\hat v \\leftarrow (1 - \\kappa)\\,\\hat v + \\kappa\\,(\\nabla\\tilde U(\\theta))^2,
-        \\qquad \\kappa = 1/\\text{adaptation\\_window},
-
-    and after every warm-up step sets ``M = diag(v̂^{1/2}) / min_i v̂_i^{1/2}``: Springenberg
-    et al.'s ``M = diag(v̂^{1/2})`` divided by its smallest entry, the normalisation of theory
-    §6, so that every effective step ``η/m_i`` is at most ``η`` and ``step_size`` means the
-    same as for :class:`SGHMC` with a §6 mass (a constant factor on ``M`` only rescales ``η``).
-    When ``M`` changes, the momentum is rescaled with it, ``r ← (M_new/M_old)^{1/2} r``, so that
-    it keeps its law ``N(0, T M)``: otherwise a mass that shrinks (the normalising minimum
-    moves as ``v̂`` fills in) would turn the old momentum into a kick. After warm-up ``M`` is
-    frozen: the kept draws come from SGHMC with a fixed mass. The adapted mass is
-    ``mcmc.last_state.preconditioner``.
-
-    With ``num_warmup=0`` nothing is adapted (this is :class:`SGHMC` with the initial mass).
+    iterations) a diagonal mass is adapted from an exponential moving average of the squared
+    gradient of the potential, ``M = diag(v̂^{1/2}) / min_i v̂_i^{1/2}``
+    (:func:`~numpyro_sgmc.adaptation.mass_adaptation`), the momentum rescaled with it; after
+    warm-up ``M`` is frozen, so the kept draws come from SGHMC with a fixed mass. The adapted
+    mass is ``mcmc.last_state.params.mass``. With ``num_warmup=0`` nothing is adapted.
 
     :param model: as for :class:`SGHMC`.
-    :param float step_size: ``η``, as for :class:`SGHMC`.
-    :param float adaptation_window: ``1/κ``, in iterations (default 1000, Adam's
-        ``β₂ = 0.999``).
-    :param kwargs: the keyword arguments of :class:`SGHMC`; ``mass`` is the initial mass,
-        :class:`~numpyro_sgmc.Identity` (default) or diagonal, which adaptation overwrites.
+    :param float step_size: ``h``, as for :class:`SGHMC`.
+    :param float adaptation_window: ``1/κ`` of the moving average, in iterations (default
+        1000, Adam's ``β₂ = 0.999``).
+    :param mass: the initial mass, :class:`~numpyro_sgmc.Identity` (default) or diagonal.
+    :param friction: as for :class:`SGHMC`.
+    :param float momentum_decay: as for :class:`SGHMC`.
+    :param gradient_noise: as for :class:`SGHMC`.
+    :param inverse_temperature: as for :class:`SGHMC`.
+    :param bool control_variates: as for :class:`SGHMC`.
+    :param batch_size: as for :class:`SGHMC`.
+    :param str batch_sampling: as for :class:`SGHMC`.
+    :param int num_steps: as for :class:`SGHMC`.
+    :param init_strategy: as for :class:`SGHMC`.
+    :param int chunk_size: as for :class:`SGHMC`.
+    :param int progress_draws: as for :class:`SGHMC`.
     """
 
-    _adapts_mass = True
-
-    def __init__(self, model, step_size, *, adaptation_window=1000, **kwargs):
-        if not (isinstance(adaptation_window, (int, float)) and adaptation_window >= 1):
+    def __init__(
+        self,
+        model,
+        step_size,
+        *,
+        adaptation_window=1000,
+        mass=None,
+        friction=None,
+        momentum_decay=0.1,
+        gradient_noise=None,
+        inverse_temperature=None,
+        control_variates=False,
+        batch_size=None,
+        batch_sampling="with_replacement",
+        num_steps=100,
+        init_strategy=init_to_uniform,
+        chunk_size=65536,
+        progress_draws=None,
+    ):
+        if isinstance(adaptation_window, bool) or not (
+            isinstance(adaptation_window, (int, float)) and adaptation_window >= 1
+        ):
             raise ValueError(f"adaptation_window must be a number >= 1, got {adaptation_window!r}.")
-        super().__init__(model, step_size, **kwargs)
-        self._kappa = 1.0 / float(adaptation_window)
-
-    def _adapt_mass(self, state: SGMCState, grad, finite) -> SGMCState:
-        adapting = finite & (state.i <= self._num_warmup_steps)  # i counts the step just taken
-        n, kappa = self.num_data, self._kappa
-        stats = state.mass_adaptation
-        square = jax.tree.map(
-            lambda v, g: jnp.where(adapting, (1 - kappa) * v + kappa * (n * g) ** 2, v),
-            stats.square_gradient,
-            grad,
-        )
-        count = stats.count + adapting.astype(stats.count.dtype)
-        correction = 1.0 - (1.0 - kappa) ** jnp.maximum(count, 1)
-        root = jax.tree.map(
-            lambda v: jnp.sqrt(jnp.maximum(v / correction, jnp.finfo(v.dtype).tiny)), square
-        )
-        smallest = jnp.min(jnp.stack([jnp.min(v) for v in jax.tree.leaves(root)]))
-        old = state.preconditioner.scale
-        mass = {k: jnp.where(adapting, root[k] / smallest, old[k]) for k in root}
-        # keep r ~ N(0, T M) under the new M: a mass that shrinks must not turn the momentum
-        # built under the old one into a kick (equivalently, M^{-1/2} r is left unchanged)
-        momentum = {k: state.momentum[k] * jnp.sqrt(mass[k] / old[k]) for k in mass}
-        return state._replace(
-            preconditioner=preconditioners.Diagonal(mass),
-            momentum=momentum,
-            mass_adaptation=MassAdaptation(square, count),
-        )
+        options = (batch_size, batch_sampling, num_steps, init_strategy, chunk_size, progress_draws)
+        SGMCKernel.__init__(self, model, KernelOptions(*options))
+        dynamics = (mass, friction, momentum_decay, gradient_noise, inverse_temperature)
+        self._configure(step_size, *dynamics, control_variates)
+        self._adaptation_window = float(adaptation_window)

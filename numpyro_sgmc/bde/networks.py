@@ -10,14 +10,15 @@ Each factory returns a model ``model(X, y=None)`` with an isotropic Gaussian pri
 ``"conv0.bias"``, ``"conv1.kernel"``, …, ``"dense0.kernel"``, …), the index counting the
 layers of a kind in the order the input meets them and zero-padded when there are ten or more,
 so that sorting the names (the order of the flattened parameters, see
-:func:`~numpyro_sgmc.preconditioners.flat_layout`) keeps the layers in order. A sample site is
-the parameter group of the layer-wise preconditioners (``shared/design/theory.md`` §6): their
+:class:`~numpyro_sgmc.model.Layout`) keeps the layers in order. A sample site is
+the parameter group of the layer-wise preconditioners (``docs/theory.md`` §6): their
 statistics are averaged within a site, so one site per kernel and per bias gives every layer's
-weights and biases their own step size. The Gaussian-likelihood MLP has one more site,
-``"noise_scale"``.
+weights and biases their own step size. The Gaussian-likelihood MLP with a learned
+homoscedastic noise has one more site, ``"noise_scale"``.
 
-**Parametrisation.** A layer with fan-in ``m`` (inputs per output unit: ``m`` for a dense layer,
-``3·3·C`` for a 3×3 convolution over ``C`` channels) computes
+**Parametrisation.** By default (``parametrization="ntk"``) a layer with fan-in ``m`` (inputs
+per output unit: ``m`` for a dense layer, ``3·3·C`` for a 3×3 convolution over ``C`` channels)
+computes
 
 .. math::
 
@@ -37,33 +38,46 @@ tens, and the 50-unit MLP overfits the 354 standardised diabetes training record
 1.6 to 2.5 standard deviations, against 0.71 to 0.77 here). Without the gain ``√2`` the input
 signal of :func:`lenet` is lost among the biases and Adam stalls at chance accuracy on 600
 training digits (here: 84–87% after 300 steps; 90–93% on the 1438 training digits of
-:func:`numpyro_sgmc.datasets.digits`). The price of a prior that is scaled to the function is
+:func:`numpyro_sgmc.bde.datasets.digits`). The price of a prior that is scaled to the function is
 that it matters on small data: on 300 training digits the fit of :func:`lenet` often stays
 near zero weights (chance accuracy); a larger ``prior_scale`` weakens the prior.
+
+:func:`mlp` also takes ``parametrization="standard"``, ``h = xW + b`` with ``W_ij, b_j ~
+N(0, s²)``: the network of ``sklearn-contrib-bde`` (and of most Bayesian-neural-network
+benchmarks), whose ``N(0, 1)`` prior on every weight is much wider on the function than the
+default's. Start an optimizer for it at :func:`init_to_fan_in` (LeCun's ``W ~ N(0, 1/m)``,
+zero biases), not at NumPyro's ``init_to_uniform`` (every weight uniform on ``(-2, 2)``, whose
+outputs grow by a factor of about ``√(2m/3)`` per ReLU layer).
 
 References: R. M. Neal, *Bayesian Learning for Neural Networks*, Springer 1996; A. Jacot,
 F. Gabriel, C. Hongler, *Neural Tangent Kernel*, NeurIPS 2018; B. Lakshminarayanan,
 A. Pritzel, C. Blundell, *Simple and Scalable Predictive Uncertainty Estimation using Deep
 Ensembles*, NeurIPS 2017; K. He, X. Zhang, S. Ren, J. Sun, *Delving Deep into Rectifiers*,
 ICCV 2015; Y. LeCun, L. Bottou, Y. Bengio, P. Haffner, *Gradient-Based Learning Applied to
-Document Recognition*, Proc. IEEE 1998.
+Document Recognition*, Proc. IEEE 1998; Y. LeCun, L. Bottou, G. Orr, K.-R. Müller,
+*Efficient BackProp*, Neural Networks: Tricks of the Trade, Springer 1998.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+from functools import partial
 from typing import Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpyro
 import numpyro.distributions as dist
-from jax import lax
+from jax import lax, random
+from numpyro.infer.initialization import init_to_median
 
-__all__ = ["lenet", "mlp"]
+__all__ = ["init_to_fan_in", "lenet", "mlp"]
 
 _LIKELIHOODS = ("gaussian", "categorical")
+_PARAMETRIZATIONS = ("ntk", "standard")
+_NOISES = ("learned", "heteroscedastic")
+_MIN_SCALE = 1e-6  # added to softplus(·) in the heteroscedastic scale, as sklearn-contrib-bde
 _CONV_SIZE = 3  # 3x3 convolutions
 _POOL_SIZE = 2  # 2x2 average pooling, stride 2
 
@@ -87,6 +101,38 @@ def _layer(name: str, kernel_shape: tuple, prior_scale: float) -> tuple:
 def _dense(x, kernel, bias):
     """``√(2/m) x W + b`` for the ``(m, k)`` kernel ``W``."""
     return math.sqrt(2 / kernel.shape[0]) * (x @ kernel) + bias
+
+
+def _dense_standard(x, kernel, bias):
+    """``x W + b`` (the standard parametrisation)."""
+    return x @ kernel + bias
+
+
+def init_to_fan_in(site=None):
+    """NumPyro init strategy: LeCun's initialisation for the networks' layer sites.
+
+    A site named ``"….kernel"`` starts at ``W ~ N(0, 1/m)``, ``m`` its fan-in (the product of
+    every axis but the last: inputs per output unit), a ``"….bias"`` site at zero, and any
+    other latent site at its prior median (:func:`numpyro.infer.initialization.init_to_median`).
+    With :func:`mlp`'s ``parametrization="standard"`` every pre-activation then starts with
+    about the variance of the layer's inputs (LeCun, Bottou, Orr & Müller 1998), which is how
+    ``sklearn-contrib-bde`` initialises its members. Pass it as ``init_strategy=`` to
+    :func:`numpyro_sgmc.warm_start` (each restart draws its own kernels) or to a kernel.
+
+    :param dict site: a NumPyro site (``None`` returns the strategy itself).
+    """
+    if site is None:
+        return partial(init_to_fan_in)  # NumPyro expects a strategy to be a partial
+    if site["type"] != "sample" or site["is_observed"]:
+        return None
+    name = site["name"]
+    if name.endswith((".kernel", ".bias")):
+        shape = tuple(site["kwargs"].get("sample_shape", ())) + tuple(site["fn"].shape())
+        if name.endswith(".bias"):
+            return jnp.zeros(shape)
+        fan_in = math.prod(shape[-len(site["fn"].shape()) : -1]) or 1
+        return random.normal(site["kwargs"]["rng_key"], shape) / math.sqrt(fan_in)
+    return init_to_median(site)
 
 
 def _conv(x, kernel, bias):
@@ -135,6 +181,8 @@ def mlp(
     hidden: Sequence[int] = (50,),
     *,
     likelihood: str = "gaussian",
+    noise="learned",
+    parametrization: str = "ntk",
     activation: Callable = jax.nn.relu,
     prior_scale: float = 1.0,
     batch_size: Optional[int] = None,
@@ -147,10 +195,18 @@ def mlp(
     layers of the module docstring (sites ``"dense0.kernel"``, ``"dense0.bias"``, …, layer
     ``L = len(hidden)`` the output layer). The observed site ``"obs"`` is
 
-    * ``likelihood="gaussian"``: ``y ~ Normal(f(x), σ)`` with the site ``"noise_scale"``
-      ``σ ~ HalfNormal(1)``. Standardise ``y`` (and ``X``): the prior on the function and on
-      ``σ`` is on the scale of 1. With ``num_outputs=1`` the output axis is dropped (``y`` of
-      shape ``(N,)``); otherwise ``y`` is ``(N, num_outputs)``, one ``σ`` for every output.
+    * ``likelihood="gaussian"``: ``y ~ Normal(μ(x), σ(x))``, with ``noise``
+
+      - ``"learned"`` (default): ``μ = f``, one ``σ`` for every datum, the site
+        ``"noise_scale"`` ``σ ~ HalfNormal(1)``;
+      - ``"heteroscedastic"``: the output layer has ``2·num_outputs`` units, ``μ`` the first
+        ``num_outputs`` and ``σ(x) = softplus(·) + 10⁻⁶`` the others (the network of
+        Lakshminarayanan et al. 2017, and of ``sklearn-contrib-bde``);
+      - a positive number: a fixed ``σ``, no site.
+
+      Standardise ``y`` (and ``X``): the prior on the function and on ``σ`` is on the scale
+      of 1. With ``num_outputs=1`` the output axis is dropped (``y`` of shape ``(N,)``);
+      otherwise ``y`` is ``(N, num_outputs)``.
     * ``likelihood="categorical"``: ``y ~ Categorical(logits=f(x))``, ``y`` of shape ``(N,)``
       with integer labels in ``[0, num_outputs)``.
 
@@ -161,16 +217,36 @@ def mlp(
         of classes for classification.
     :param hidden: widths of the hidden layers; ``()`` gives a linear (or softmax) regression.
     :param likelihood: ``"gaussian"`` or ``"categorical"``.
+    :param noise: the Gaussian likelihood's scale: ``"learned"``, ``"heteroscedastic"`` or a
+        positive number (above); only ``"learned"`` (the default, ignored) with
+        ``"categorical"``.
+    :param parametrization: ``"ntk"`` (default; ``√(2/m) xW + b``, module docstring) or
+        ``"standard"`` (``xW + b``; start optimizers at :func:`init_to_fan_in`).
     :param activation: elementwise nonlinearity after every hidden layer.
     :param prior_scale: standard deviation ``s`` of the isotropic prior on every weight.
     :param batch_size: ``subsample_size`` of the data plate (the kernels' minibatch size);
         ``None`` means no subsampling (every evaluation uses the full data).
     :return: the NumPyro model ``model(X, y=None)``.
-    :raises ValueError: an unknown likelihood, fewer than 2 classes, or a non-positive size or
+    :raises ValueError: an unknown likelihood, noise or parametrisation, a noise other than
+        ``"learned"`` with ``"categorical"``, fewer than 2 classes, or a non-positive size or
         scale; and, from the model, ``y`` of another shape than above.
     """
     if likelihood not in _LIKELIHOODS:
         raise ValueError(f"likelihood must be one of {_LIKELIHOODS}, got {likelihood!r}.")
+    if parametrization not in _PARAMETRIZATIONS:
+        raise ValueError(
+            f"parametrization must be one of {_PARAMETRIZATIONS}, got {parametrization!r}."
+        )
+    fixed_noise = None
+    if isinstance(noise, str):
+        if noise not in _NOISES:
+            raise ValueError(f"noise must be one of {_NOISES} or a positive number, got {noise!r}.")
+    elif isinstance(noise, numbers.Real) and not isinstance(noise, bool) and noise > 0:
+        fixed_noise = float(noise)
+    else:
+        raise ValueError(f"noise must be one of {_NOISES} or a positive number, got {noise!r}.")
+    if likelihood == "categorical" and noise != "learned":
+        raise ValueError(f"noise={noise!r} is for the Gaussian likelihood only.")
     _check_positive_int("num_outputs", num_outputs)
     if likelihood == "categorical" and num_outputs < 2:
         raise ValueError(
@@ -181,30 +257,40 @@ def mlp(
         _check_positive_int("every hidden width", width)
     _check_common(prior_scale, batch_size)
     names = _layer_names("dense", len(hidden) + 1)
+    dense = _dense if parametrization == "ntk" else _dense_standard
+    heteroscedastic = likelihood == "gaussian" and noise == "heteroscedastic"
+    num_units = 2 * num_outputs if heteroscedastic else num_outputs
 
     def model(X, y=None):
         one_per_datum = likelihood == "categorical" or num_outputs == 1
         _check_targets(y, (X.shape[0],) if one_per_datum else (X.shape[0], num_outputs))
-        sizes = (math.prod(X.shape[1:]),) + hidden + (num_outputs,)
+        sizes = (math.prod(X.shape[1:]),) + hidden + (num_units,)
         layers = [
             _layer(name, (fan_in, fan_out), prior_scale)
             for name, fan_in, fan_out in zip(names, sizes[:-1], sizes[1:], strict=True)
         ]
-        if likelihood == "gaussian":
+        noise_scale = fixed_noise  # None when learned or heteroscedastic
+        if likelihood == "gaussian" and noise == "learned":
             noise_scale = numpyro.sample("noise_scale", dist.HalfNormal(1.0))
         with numpyro.plate("data", X.shape[0], subsample_size=batch_size):
             Xb = numpyro.subsample(X, event_dim=X.ndim - 1)
             yb = None if y is None else numpyro.subsample(y, event_dim=jnp.ndim(y) - 1)
             h = jnp.reshape(Xb, (Xb.shape[0], -1))
             for kernel, bias in layers[:-1]:
-                h = activation(_dense(h, kernel, bias))
-            f = _dense(h, *layers[-1])
+                h = activation(dense(h, kernel, bias))
+            f = dense(h, *layers[-1])
             if likelihood == "categorical":
                 obs_dist = dist.Categorical(logits=f)
-            elif num_outputs == 1:
-                obs_dist = dist.Normal(f[..., 0], noise_scale)
             else:
-                obs_dist = dist.Normal(f, noise_scale).to_event(1)
+                mean, scale = f[..., :num_outputs], noise_scale
+                if heteroscedastic:
+                    scale = jax.nn.softplus(f[..., num_outputs:]) + _MIN_SCALE
+                if num_outputs == 1:
+                    obs_dist = dist.Normal(
+                        mean[..., 0], scale[..., 0] if heteroscedastic else scale
+                    )
+                else:
+                    obs_dist = dist.Normal(mean, scale).to_event(1)
             numpyro.sample("obs", obs_dist, obs=yb)
 
     return model
@@ -231,7 +317,7 @@ def lenet(
     ``"conv0.bias"``, ``"conv1.kernel"``, ``"conv1.bias"``, ``"dense0.kernel"`` (shape
     ``(⌊H/4⌋·⌊W/4⌋·channels[1], hidden)``), ``"dense0.bias"``, ``"dense1.kernel"``,
     ``"dense1.bias"``, parametrised as in the module docstring. Pooling drops an odd last row
-    or column. The 8×8 scikit-learn digits (:func:`numpyro_sgmc.datasets.digits`) give 2×2
+    or column. The 8×8 scikit-learn digits (:func:`numpyro_sgmc.bde.datasets.digits`) give 2×2
     feature maps before ``dense0``. The convolution–subsampling stack is that of LeNet-5
     (LeCun et al. 1998), whose subsampling layers also average 2×2 neighbourhoods.
 

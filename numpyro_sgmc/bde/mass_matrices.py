@@ -1,4 +1,4 @@
-"""Optimizer-informed static mass matrices for SGHMC (``shared/design/theory.md`` §6).
+"""Optimizer-informed static mass matrices for SGHMC (``docs/theory.md`` §6).
 
 After an Adam run (:func:`~numpyro_sgmc.warm_start`) each parameter ``i`` has three
 statistics for free: the last minibatch gradient ``|g_i|``, Adam's first moment ``|μ_i|``
@@ -14,7 +14,8 @@ diagonal mass matrix:
 
 Either way every mass is at least 1, so every effective step ``η/m̄`` is at most ``η``.
 Each ensemble member gets its own mass, from its own Adam run, which keeps the members'
-geometric information distinct (Bayesian deep ensembles, seed 001).
+geometric information distinct (optimizer-informed preconditioning of SGHMC in Bayesian deep
+ensembles). :func:`chain_init` starts one chain per member at its mode with its own mass.
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from numpyro_sgmc.preconditioners import Diagonal
+from numpyro_sgmc.kernels.shell import ChainInit
+from numpyro_sgmc.scales import Diagonal
 
 __all__ = [
     "GRANULARITIES",
     "STATISTICS",
     "adam_statistic",
+    "chain_init",
     "layerwise_mass",
     "mass_from_warm_start",
     "pairwise_cosine_similarity",
@@ -42,8 +45,8 @@ GRANULARITIES = ("layer", "parameter")
 def adam_statistic(warm, statistic: str) -> dict:
     """Per-parameter statistic ``m_i`` of every member: site -> ``(K, ...)`` array.
 
-    :param warm: a :class:`~numpyro_sgmc.WarmStart` (its optimizer must be Adam-like for the
-        moments).
+    :param warm: a :class:`~numpyro_sgmc.warmstart.WarmStart` (its optimizer must be Adam-like
+        for the moments).
     :param str statistic: ``"gradient"`` (``|g|``, the last minibatch gradient),
         ``"first_moment"`` (``|μ|``) or ``"second_moment"`` (``sqrt(ν)``).
     """
@@ -115,7 +118,7 @@ def parameterwise_mass(values: dict, max_ratio: float = 1e6) -> Diagonal:
 def mass_from_warm_start(warm, statistic: str = "first_moment", granularity: str = "layer"):
     """One §6 mass matrix per warm-start member, stacked for ``ChainInit(preconditioner=...)``.
 
-    :param warm: a :class:`~numpyro_sgmc.WarmStart` with ``K`` members.
+    :param warm: a :class:`~numpyro_sgmc.warmstart.WarmStart` with ``K`` members.
     :param str statistic: ``"gradient"``, ``"first_moment"`` (default) or ``"second_moment"``.
     :param str granularity: ``"layer"`` (default; mean per site, min-normalised) or
         ``"parameter"``.
@@ -130,24 +133,43 @@ def mass_from_warm_start(warm, statistic: str = "first_moment", granularity: str
     values = adam_statistic(warm, statistic)
     build = layerwise_mass if granularity == "layer" else parameterwise_mass
     members = [build(jax.tree.map(lambda v, k=k: v[k], values)) for k in range(warm.num_restarts)]
-    return Diagonal(jax.tree.map(lambda *xs: jnp.stack(xs), *[m.scale for m in members]))
+    return Diagonal(jax.tree.map(lambda *xs: jnp.stack(xs), *[m.values for m in members]))
+
+
+def chain_init(warm, statistic=None, granularity: str = "layer") -> ChainInit:
+    """Start one chain per warm-start member at its mode, with its own §6 mass matrix.
+
+    ``MCMC(SGHMC(...), num_chains=K).run(key, *args, init_params=chain_init(warm, ...))`` is the
+    Bayesian deep ensemble: chain ``k`` starts at mode ``k`` with the mass of its own Adam run,
+    so no warm-up is needed.
+
+    :param warm: a :class:`~numpyro_sgmc.warmstart.WarmStart` with ``K`` members.
+    :param statistic: ``None`` (the kernel's own mass, e.g. the identity), ``"gradient"``,
+        ``"first_moment"`` or ``"second_moment"`` (:func:`mass_from_warm_start`).
+    :param str granularity: ``"layer"`` or ``"parameter"``.
+    """
+    if statistic is None:
+        return ChainInit(params=warm.params)
+    return ChainInit(
+        params=warm.params, preconditioner=mass_from_warm_start(warm, statistic, granularity)
+    )
 
 
 def pairwise_cosine_similarity(masses) -> np.ndarray:
     """``(K, K)`` cosine similarities between the chains' diagonal masses.
 
     :param masses: a :class:`~numpyro_sgmc.Diagonal` whose values have a leading chain axis
-        (e.g. ``mcmc.last_state.preconditioner`` of a vectorised run, or
-        :func:`mass_from_warm_start`'s result), or a ``(K, d)`` array. The vectors compared
-        are the values as stored: per entry for per-entry masses, one value per site for
-        layer-wise ones.
+        (``mcmc.last_state.params.mass`` of a vectorised run, flat ``(K, d)``, or
+        :func:`mass_from_warm_start`'s per-site result), or a ``(K, d)`` array. Layer-wise
+        masses compare one value per site.
     """
-    if isinstance(masses, Diagonal):
-        leaves = [np.asarray(masses.scale[k], np.float64) for k in sorted(masses.scale)]
+    values = masses.values if isinstance(masses, Diagonal) else masses
+    if isinstance(values, dict):
+        leaves = [np.asarray(values[k], np.float64) for k in sorted(values)]
         K = leaves[0].shape[0]
         flat = np.concatenate([v.reshape(K, -1) for v in leaves], axis=1)
     else:
-        flat = np.asarray(masses, np.float64)
+        flat = np.asarray(values, np.float64)
         if flat.ndim != 2:
             raise ValueError(
                 f"masses must be a Diagonal or a (K, d) array, got shape {flat.shape}."

@@ -1,4 +1,5 @@
-"""Posterior-predictive metrics: log pointwise predictive density, accuracy, calibration, RMSE.
+"""Posterior-predictive metrics: log pointwise predictive density, accuracy, calibration, RMSE
+and the Gaussian negative log-likelihood.
 
 Draws are a dict of constrained values with a leading draw axis, site name -> ``(S, ...)``:
 what :meth:`numpyro.infer.MCMC.get_samples` returns, and equally the ``K`` modes of an
@@ -28,7 +29,13 @@ from numpyro.handlers import seed, substitute, trace
 
 from numpyro_sgmc.subsample import full_data
 
-__all__ = ["evaluate", "expected_calibration_error", "lppd", "predictive_distribution"]
+__all__ = [
+    "evaluate",
+    "expected_calibration_error",
+    "gaussian_nll",
+    "lppd",
+    "predictive_distribution",
+]
 
 
 def _num_draws(samples: dict) -> int:
@@ -200,12 +207,41 @@ def _classification_metrics(fn, y, num_bins: int) -> dict:
 
 
 @jax.jit
+def gaussian_nll(means, variances, y) -> jax.Array:
+    """Negative log-likelihood per datum of the moment-matched Gaussian predictive (smaller is
+    better).
+
+    .. math::
+
+        \\bar\\mu_i = \\frac{1}{S}\\sum_s \\mu_{si}, \\qquad
+        \\bar\\sigma_i^2 = \\frac{1}{S}\\sum_s \\sigma_{si}^2
+            + \\frac{1}{S}\\sum_s (\\mu_{si} - \\bar\\mu_i)^2, \\qquad
+        \\mathrm{NLL} = \\frac{1}{N}\\sum_i \\Big[\\tfrac12 \\log(2\\pi\\bar\\sigma_i^2)
+            + \\frac{(y_i - \\bar\\mu_i)^2}{2\\bar\\sigma_i^2}\\Big],
+
+    the aleatoric (mean of the variances) plus the epistemic (variance of the means) variance
+    of the draws: the "NLL (distributional regression)" of ``sklearn-contrib-bde``
+    (``BdeRegressor.predict(mean_and_std=True)``, its paper's regression benchmark). Unlike
+    ``-lppd`` it scores a Gaussian with the mixture's first two moments, not the mixture.
+
+    :param means: ``(S, N)`` (or ``(S, ...)``) predictive means of the draws.
+    :param variances: their predictive variances, the same shape.
+    :param y: ``(N,)`` (or ``(...)``) observations.
+    :return: the mean over every element of ``y``, a scalar array.
+    """
+    mean = jnp.mean(means, axis=0)
+    variance = jnp.mean(variances, axis=0) + jnp.var(means, axis=0)
+    return jnp.mean(0.5 * jnp.log(2 * jnp.pi * variance) + 0.5 * jnp.square(y - mean) / variance)
+
+
+@jax.jit
 def _regression_metrics(fn, y) -> dict:
-    """lppd of the draws ``fn`` and RMSE of their averaged mean."""
-    mean = jnp.mean(jax.vmap(lambda d: d.mean)(fn), axis=0)
+    """lppd of the draws ``fn``, RMSE of their averaged mean and the Gaussian NLL."""
+    means = jax.vmap(lambda d: d.mean)(fn)
     return {
         "lppd": lppd(jax.vmap(lambda d: d.log_prob(y))(fn)),
-        "rmse": jnp.sqrt(jnp.mean(jnp.square(mean - y))),
+        "rmse": jnp.sqrt(jnp.mean(jnp.square(jnp.mean(means, axis=0) - y))),
+        "gaussian_nll": gaussian_nll(means, jax.vmap(lambda d: d.variance)(fn), y),
     }
 
 
@@ -229,9 +265,10 @@ def evaluate(
       ``p̄_ik = (1/S) Σ_s p(k | x_i, θ_s)`` give ``"lppd"`` (``mean_i log p̄_{i y_i}``, see
       :func:`lppd`), ``"accuracy"`` (of ``argmax_k p̄_ik``) and ``"ece"``
       (:func:`expected_calibration_error` with ``num_bins`` bins);
-    * any other site: ``"lppd"`` from ``log p(y_i | θ_s)`` and ``"rmse"``, the root mean
+    * any other site: ``"lppd"`` from ``log p(y_i | θ_s)``, ``"rmse"``, the root mean
       squared error of the predictive mean ``(1/S) Σ_s E[y_i | θ_s]`` (over every element of
-      ``y``).
+      ``y``), and ``"gaussian_nll"`` (:func:`gaussian_nll`, from the draws' means and
+      variances).
 
     Example, on the full-data version of the model the kernel ran::
 
@@ -246,7 +283,7 @@ def evaluate(
     :param draw_chunk: number of draws evaluated together.
     :param kwargs: the model's keyword arguments.
     :return: a dict of Python floats: ``lppd``, ``accuracy``, ``ece`` (categorical) or
-        ``lppd``, ``rmse`` (otherwise).
+        ``lppd``, ``rmse``, ``gaussian_nll`` (otherwise).
     :raises ValueError: as :func:`predictive_distribution`; ``y`` of another shape than the
         site.
     """

@@ -1,0 +1,162 @@
+"""Curvature at a point, from Hessian-vector products on a batch of rows: ``λmax(PJ)``,
+``tr(PJ)`` and the gradient-noise scale ``tr(PI)``.
+
+``J = ∇²U(θ)/n`` is the curvature per datum of the potential and ``P`` a preconditioner
+``Γ`` or an inverse mass ``M⁻¹``; ``h·λmax(PJ)`` is every kernel's stability number
+(``docs/theory.md`` §3, §5). ``P`` is a scale (:mod:`numpyro_sgmc.scales`), passed with
+``inverse=True`` for ``P = M⁻¹``. The power iteration runs on ``PJ`` (similar to the symmetric
+``P^{1/2}JP^{1/2}``) and ends with the Rayleigh quotient ``vᵀJv / vᵀP⁻¹v``; the products use the
+potential on a fixed random batch of rows (which the plates scale by ``n_p/m_p``, an unbiased
+estimate of ``∇²U``), so ``J`` is never formed: ``O(iterations · m · d)``. The functions are
+compiled once per model and batch shape.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import random
+
+from numpyro_sgmc.gradients import minibatch
+from numpyro_sgmc.model import potential, split_args
+from numpyro_sgmc.subsample import Batch
+
+__all__ = ["Curvature", "curvature", "host_rng", "key_seed", "largest_eigenvalue", "random_rows"]
+
+
+def key_seed(rng_key) -> list:
+    """The integers of a JAX PRNG key (typed or raw), as a NumPy seed."""
+    if jnp.issubdtype(jnp.asarray(rng_key).dtype, jax.dtypes.prng_key):
+        rng_key = random.key_data(rng_key)
+    return [int(v) for v in np.asarray(rng_key).ravel()]
+
+
+def host_rng(rng_key, *tags: int) -> np.random.Generator:
+    """A NumPy generator determined by ``rng_key`` and ``tags``: the row choices and probes of
+    the tuner are drawn on the host (they are index and probe arrays passed to compiled
+    functions), reproducibly for a key and without a compiled op per draw."""
+    return np.random.default_rng(key_seed(rng_key) + [int(t) for t in tags])
+
+
+def random_rows(rng: np.random.Generator, plates, num_rows: int) -> Batch:
+    """About ``num_rows`` uniform random rows (with replacement), split over the plates in
+    proportion to their sizes, at least one per plate."""
+    n = sum(p.size for p in plates)
+    return Batch(
+        {
+            p.name: jnp.asarray(
+                rng.integers(0, p.size, max(1, min(p.size, num_rows * p.size // n))), jnp.int32
+            )
+            for p in plates
+        }
+    )
+
+
+def _products(scale, inverse):
+    """``(P v, P⁻¹ v)`` for ``P`` = the scale, or its inverse."""
+    if inverse:
+        return scale.solve, scale.apply
+    return scale.apply, scale.solve
+
+
+@partial(jax.jit, static_argnames=("spec", "structure", "layout", "inverse", "iterations"))
+def _power(spec, structure, layout, inverse, iterations, scale, position, batch, v, arrays):
+    args, kwargs = structure.rebuild(arrays)
+    flat = layout.ravel(position)
+    apply, unapply = _products(scale, inverse)
+
+    def average(x):
+        return potential(spec, layout.unravel(x), batch, args, kwargs) / spec.num_data
+
+    def hvp(v):
+        return jax.jvp(jax.grad(average), (flat,), (v,))[1]
+
+    def body(_, v):
+        w = apply(hvp(v))
+        return w / jnp.linalg.norm(w)
+
+    v = jax.lax.fori_loop(0, iterations, body, v / jnp.linalg.norm(v))
+    return jnp.vdot(v, hvp(v)) / jnp.vdot(v, unapply(v))
+
+
+def largest_eigenvalue(
+    spec, layout, position, scale, rng_key, model_args, model_kwargs, num_rows=10000,
+    iterations=50, inverse=False,
+) -> float:  # fmt: skip
+    """``λmax(PJ)`` at ``position`` (``J`` from about ``num_rows`` rows), raised by 10% for the
+    iteration's shortfall and the batch's noise.
+
+    :param scale: ``P`` (or, with ``inverse=True``, ``P⁻¹``): a prepared scale.
+    """
+    rng = host_rng(rng_key)
+    batch = random_rows(rng, spec.plates, num_rows)
+    arrays, structure = split_args(model_args, model_kwargs)
+    flat = layout.ravel(position)
+    v = jnp.asarray(rng.standard_normal(flat.shape), flat.dtype)
+    value = _power(
+        spec, structure, layout, bool(inverse), int(iterations), scale, position, batch, v, arrays
+    )
+    return 1.1 * float(value)
+
+
+class Curvature(NamedTuple):
+    """The curvature and gradient noise of a kernel's chain at a point (:func:`curvature`).
+
+    :param float lam_max: ``λmax(PJ)`` (raised by 10%, as :func:`largest_eigenvalue`).
+    :param float noise_ratio: ``tr(PI)/tr(PJ)``, ``I`` the covariance of the per-datum
+        gradients there: about 1 at the mode of a well-specified model.
+    """
+
+    lam_max: float
+    noise_ratio: float
+
+
+@partial(jax.jit, static_argnames=("spec", "structure", "layout", "inverse", "draws"))
+def _traces(spec, structure, layout, inverse, draws, scale, position, batch, rng_key, arrays):
+    """``tr(P J)`` by Rademacher probes and ``b · tr(P Cov(ĝ_B))`` over ``draws`` batches."""
+    args, kwargs = structure.rebuild(arrays)
+    flat = layout.ravel(position)
+    apply, _ = _products(scale, inverse)
+
+    def average(x):
+        return potential(spec, layout.unravel(x), batch, args, kwargs) / spec.num_data
+
+    key_probes, key_batches = random.split(rng_key)
+    probes = 2.0 * random.bernoulli(key_probes, 0.5, (8,) + flat.shape).astype(flat.dtype) - 1.0
+    hvp = lambda v: jax.jvp(jax.grad(average), (flat,), (v,))[1]  # noqa: E731
+    trace_j = jnp.mean(jax.vmap(lambda v: jnp.vdot(v, apply(hvp(v))))(probes))
+    estimator = minibatch(spec, "with_replacement")
+
+    def one(k):
+        g, _ = estimator.estimate(
+            estimator.init(k, position, args, kwargs), position, k, args, kwargs
+        )
+        return layout.ravel(g)
+
+    grads = jax.vmap(one)(random.split(key_batches, draws))
+    centred = grads - jnp.mean(grads, axis=0)
+    trace_i = spec.batch_size * jnp.mean(jax.vmap(lambda g: jnp.vdot(g, apply(g)))(centred))
+    return trace_j, trace_i * draws / (draws - 1)
+
+
+def curvature(
+    spec, layout, position, scale, rng_key, model_args, model_kwargs, num_rows=2048,
+    inverse=False,
+) -> Curvature:  # fmt: skip
+    """``λmax(PJ)`` and ``tr(PI)/tr(PJ)`` at ``position``, from about ``num_rows`` rows and 32
+    minibatches: what a kernel's step-size check needs (``numpyro_sgmc.kernels.checks``)."""
+    lam = largest_eigenvalue(
+        spec, layout, position, scale, rng_key, model_args, model_kwargs, num_rows,
+        iterations=30, inverse=inverse,
+    )  # fmt: skip
+    batch = random_rows(host_rng(rng_key, 1), spec.plates, num_rows)
+    arrays, structure = split_args(model_args, model_kwargs)
+    trace_j, trace_i = _traces(
+        spec, structure, layout, bool(inverse), 32, scale, position, batch, rng_key, arrays
+    )
+    ratio = float(trace_i) / float(trace_j) if float(trace_j) > 0 else float("nan")
+    return Curvature(lam, ratio)

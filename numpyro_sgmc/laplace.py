@@ -1,0 +1,606 @@
+"""The local picture the autotuner works from: the mode, the information there, and how far
+to trust them.
+
+:func:`fit` takes the warm start's mode and
+
+1. estimates ``J`` and ``I`` there (:func:`~numpyro_sgmc.fisher.information`), dense up to
+   :data:`DENSE_MAX_DIM` parameters and diagonal above;
+2. polishes the mode by damped Newton steps with the exact full-data gradient
+   (:func:`newton_polish`), whose length in posterior sds is the convergence test, relative to
+   the curvature;
+3. controls the prediction's own error: the jackknife standard error of the predicted
+   standard deviations (:meth:`~numpyro_sgmc.fisher.Information.jackknife`), from the rows
+   used, is brought under ``tolerance`` by adding rows, up to all ``n`` (one chunked pass is
+   cheap next to sampling); a diagonal ``J`` gets Hutchinson probes until its own error is
+   small, and the correlations it leaves out are counted in the error;
+4. estimates the noise control variates leave, at the law the chain samples
+   (:func:`~numpyro_sgmc.fisher.control_variate_noise`);
+5. checks that the log posterior is close to its local quadratic along the target's widest
+   directions (:func:`linearity`), which is what every prediction assumes: separable classes
+   (no finite mode), a boundary or a heavy tail are said, with numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from numpyro_sgmc.curvature import host_rng, random_rows
+from numpyro_sgmc.diagnostics import ConvergenceWarning, LinearizationWarning, warn
+from numpyro_sgmc.fisher import choose_rows, control_variate_noise, information_of
+from numpyro_sgmc.gradients import exact_gradient
+from numpyro_sgmc.model import potential, split_args
+from numpyro_sgmc.scales import Diagonal, positive_definite
+from numpyro_sgmc.subsample import Batch
+from numpyro_sgmc.theory import target_covariance
+
+__all__ = [
+    "DENSE_MAX_DIM",
+    "Correlations",
+    "Fit",
+    "Nonlinearity",
+    "Problem",
+    "correlations",
+    "fit",
+    "linearity",
+    "linearity_error",
+    "newton_polish",
+    "prediction_error",
+    "profile_moments",
+]
+
+# dense J, I and Γ up to this many parameters: O(d²) memory, d Hessian-vector products per
+# chunk of rows, O(d³) Lyapunov solves
+DENSE_MAX_DIM = 1000
+"""Above this many parameters ``J``, ``I`` and ``Γ`` are diagonal (``dense=None``)."""
+
+
+class Problem(NamedTuple):
+    """What every step of the tuner reads: the model prepared once, its data, the options and
+    the key of the information subsample."""
+
+    prepared: object
+    model_args: tuple
+    model_kwargs: dict
+    options: object
+    rng_key: object
+
+
+class Fit(NamedTuple):
+    """The mode, the information there and how far to trust them.
+
+    :param dict mode: the polished mode (unconstrained).
+    :param information: the :class:`~numpyro_sgmc.fisher.Information` there.
+    :param float newton_step: the first Newton step's length, in posterior sds.
+    :param int passes: extra passes over the data the Newton steps made.
+    :param prediction_error: ``(d,)`` relative standard error of the predicted standard
+        deviations: the rows' sampling, for a diagonal ``J`` its probes and the correlations
+        it leaves out, and the nonlinearity (:func:`linearity_error`).
+    :param dict cv_noise: plate -> the per-datum covariance of the control-variate gradient's
+        noise at the target law (a scale).
+    :param list nonlinearity: the :class:`Nonlinearity` of each direction :func:`linearity`
+        probed.
+    :param int rows_visited: rows whose per-datum terms were computed, all passes together.
+    :param correlations: for a diagonal ``J``, the :class:`Correlations` it leaves out
+        (``None`` for a dense ``J``).
+    """
+
+    mode: dict
+    information: object
+    newton_step: float
+    passes: int
+    prediction_error: np.ndarray
+    cv_noise: dict
+    nonlinearity: list
+    rows_visited: int
+    correlations: Optional[Correlations] = None
+
+
+def fit(problem: Problem, warm, weights) -> Fit:
+    """The local picture for ``weights`` (module docstring)."""
+    prepared, options = problem.prepared, problem.options
+    n, d = prepared.num_data, prepared.layout.size
+    dense = d <= DENSE_MAX_DIM if options.dense is None else bool(options.dense)
+    kind = "dense" if dense else "diagonal"
+    rows, probes, visited = options.num_rows, 64, 0
+
+    def info_at(params, regularize=options.regularize, more_rows=False):
+        nonlocal visited, rows
+        if more_rows and rows is not None:
+            rows = None if 2 * rows >= n else 2 * rows
+        info = information_of(
+            prepared, problem.rng_key, problem.model_args, problem.model_kwargs, params,
+            num_rows=rows, kind=kind, regularize=regularize, num_probes=probes,
+        )  # fmt: skip
+        visited += info.num_rows
+        return info
+
+    gradient = jax.tree.map(lambda v: v[warm.best], warm.gradient)
+    mode, distance, passes, info = newton_polish(problem, warm.member(warm.best), gradient, info_at)
+    if info is None or info.regularization > 0 or options.regularize is not None:
+        info = info_at(mode)  # the curvature at the mode, with the user's regularisation
+    while True:
+        error = prediction_error(info, weights)
+        worst = float(np.max(error))
+        noisy_probes = kind == "diagonal" and float(np.max(info.probe_error)) > 0.1
+        if noisy_probes and probes < 1024:
+            probes *= 4
+        elif worst > options.tolerance and info.num_rows < n:
+            # the error falls as 1/sqrt(rows); a quarter more for the estimate's own noise
+            rows = min(n, int(math.ceil(info.num_rows * (worst / options.tolerance) ** 2 * 1.25)))
+        else:
+            break
+        info = info_at(mode)
+    target = target_covariance(info.potential_curvature, info.I, weights, info.data_free)
+    target = target * (1.0 / n)
+    # as many rows as made J and I accurate: a few thousand miss the rare rows of large
+    # curvature (raw covariates) that dominate the control-variate noise
+    cv_rows = min(n, max(2000, info.num_rows))
+    cv_noise = control_variate_noise(
+        prepared, problem.rng_key, problem.model_args, problem.model_kwargs, mode, target,
+        num_rows=cv_rows, kind=kind,
+    )  # fmt: skip
+    visited += cv_rows
+    findings = linearity(problem, mode, target)
+    error = np.sqrt(error**2 + linearity_error(findings, target) ** 2)
+    linked = None
+    if kind == "diagonal":
+        linked = correlations(problem, mode, info)
+        visited += min(info.num_rows, 10_000)
+        error = with_correlations(error, linked, weights)
+    return Fit(mode, info, distance, passes, error, cv_noise, findings, visited, linked)
+
+
+def prediction_error(info, weights) -> np.ndarray:
+    """``(d,)`` relative standard error of the target's standard deviations from the rows'
+    sampling (the jackknife) and, for a diagonal ``J``, its probes (the correlations a
+    diagonal leaves out are :func:`correlations`'s, with their own error)."""
+    free = info.data_free
+
+    def sds(J, I):
+        return np.sqrt(np.asarray(target_covariance(J, I, weights, free).diagonal(), np.float64))
+
+    error = info.jackknife(sds) / sds(info.potential_curvature, info.I)
+    if info.kind == "diagonal" and info.num_probes:
+        error = np.sqrt(error**2 + (0.5 * info.probe_error) ** 2)
+    return error
+
+
+class Correlations(NamedTuple):
+    """What a diagonal ``J`` leaves out, per parameter (:func:`correlations`), in the
+    Jacobi-scaled ``C = D^{-1/2} J D^{-1/2}``, ``D = diag(J)``, with eigenpairs ``(λ_k, v_k)``.
+
+    :param inflation: ``(C⁻¹)_jj = J_jj (J⁻¹)_jj``, the variance inflation factor: the
+        posterior variance over the diagonal's ``1/(n J_jj)`` (1 without correlations).
+    :param inflation_error: its relative standard error (the probes).
+    :param concentration: ``(C⁻²)_jj / (C⁻¹)_jj = Σ v_kj²/λ_k² / Σ v_kj²/λ_k``: the inverse
+        of the effective eigenvalue of ``ΓJ`` that parameter ``j`` mixes at with ``Γ = D⁻¹``;
+        its integrated autocorrelation time is ``4 c_j / h - 1`` iterations (``docs/theory.md``
+        §3, "Mixing time").
+    """
+
+    inflation: np.ndarray
+    inflation_error: np.ndarray
+    concentration: np.ndarray
+
+
+@partial(jax.jit, static_argnames=("spec", "structure", "layout", "iterations"))
+def _preconditioned_solves(spec, structure, layout, iterations, zf, diag, probes, batch, arrays):
+    """``x_k = H⁻¹ D^{1/2} z_k`` for every probe ``z_k`` by Jacobi-preconditioned conjugate
+    gradients on the rows' Hessian ``H = ∇²U_m(θ̂)`` (prior included; ``diag`` is ``D``, the
+    diagonal of ``H``), and the relative residuals."""
+    args, kwargs = structure.rebuild(arrays)
+    grad = jax.grad(lambda x: potential(spec, layout.unravel(x), batch, args, kwargs))
+    hvp = jax.vmap(lambda v: jax.jvp(grad, (zf,), (v,))[1])
+    rhs = probes * jnp.sqrt(diag)
+    tiny = jnp.finfo(zf.dtype).tiny
+    x = rhs / diag
+    r = rhs - hvp(x)
+    p = r / diag
+    rz = jnp.sum(r * p, axis=1)
+
+    def body(_, state):
+        x, r, p, rz = state
+        Ap = hvp(p)
+        alpha = rz / jnp.maximum(jnp.sum(p * Ap, axis=1), tiny)
+        x = x + alpha[:, None] * p
+        r = r - alpha[:, None] * Ap
+        z = r / diag
+        rz_new = jnp.sum(r * z, axis=1)
+        return x, r, z + (rz_new / jnp.maximum(rz, tiny))[:, None] * p, rz_new
+
+    x, r, _, _ = lax.fori_loop(0, iterations, body, (x, r, p, rz))
+    return x, jnp.linalg.norm(r, axis=1) / jnp.linalg.norm(rhs, axis=1)
+
+
+def correlations(problem, mode, info, max_rows=10_000, num_probes=64, iterations=60):
+    """The :class:`Correlations` a diagonal ``J`` leaves out, by probes: with Rademacher
+    ``z_k`` and ``x_k = H⁻¹D^{1/2}z_k`` (Jacobi-preconditioned conjugate gradients,
+    ``H = nJ`` from the information's own rows, at most ``max_rows`` of them, so that ``H``
+    and the diagonal ``D`` share their rows' sampling), ``E[x_kj z_kj] = (H⁻¹)_jj D_jj^{1/2}`` and
+    ``E[x_kj²] = (H⁻¹DH⁻¹)_jj`` (Bekas, Kokiopoulou and Saad 2007, the stochastic diagonal
+    estimator). ``O(num_probes · iterations)`` Hessian-vector products per row,
+    ``O(num_probes · d)`` memory."""
+    prepared = problem.prepared
+    layout, spec, n = prepared.layout, prepared.spec, prepared.num_data
+    zf = layout.ravel(mode)
+    d = layout.size
+    diag = n * np.asarray(info.potential_curvature.diagonal(), np.float64)
+    rng = host_rng(problem.rng_key, 11)
+    probes = 2.0 * rng.integers(0, 2, (int(num_probes), d)) - 1.0
+    if info.num_rows <= max_rows:  # the rows information_of chose for this key
+        chosen = choose_rows(spec.plates, info.num_rows if info.num_rows < n else None,
+                             problem.rng_key)  # fmt: skip
+        batch = Batch({
+            p.name: jnp.asarray(np.arange(p.size) if chosen[p.name] is None else chosen[p.name],
+                                jnp.int32)
+            for p in spec.plates
+        })  # fmt: skip
+    else:
+        batch = random_rows(rng, spec.plates, max_rows)
+    arrays, structure = split_args(problem.model_args, problem.model_kwargs)
+    x, _ = _preconditioned_solves(
+        spec, structure, layout, int(iterations), zf, jnp.asarray(diag, zf.dtype),
+        jnp.asarray(probes, zf.dtype), batch, arrays,
+    )  # fmt: skip
+    x = np.asarray(x, np.float64)
+    cross = x * probes * np.sqrt(diag)  # per probe: D_jj (H⁻¹)_jj, unbiased
+    inflation = np.maximum(cross.mean(axis=0), 1e-3)
+    error = cross.std(axis=0, ddof=1) / math.sqrt(len(cross)) / inflation
+    concentration = np.maximum(diag * (x**2).mean(axis=0) / inflation, inflation)  # ≥ (C⁻¹)_jj
+    return Correlations(inflation, error, concentration)
+
+
+def with_correlations(error, linked: Correlations, weights) -> np.ndarray:
+    """A diagonal ``J``'s relative sd ``error`` with what its :class:`Correlations` add: the
+    probes' error of the inflation (half of it, on the sd), and for a target with a sandwich
+    part (``weights[0] > 0``), whose correlations are bounded but not predicted, half the
+    inflation's distance from 1."""
+    error = np.sqrt(np.asarray(error) ** 2 + (0.5 * linked.inflation_error) ** 2)
+    if weights[0] > 0:
+        error = error + 0.5 * np.abs(linked.inflation - 1.0)
+    return error
+
+
+def newton_polish(problem, mode, gradient, info_at, max_passes=20, max_curvatures=12, tol=0.05):
+    """Damped Newton steps ``θ̂ + J⁻¹ḡ`` from the warm start's mode, with exact full-data
+    gradients ``ḡ``: the convergence test of the warm start, relative to the curvature.
+
+    The step's length in posterior sds, ``sqrt(n ḡᵀJ⁻¹ḡ)``, is the distance to the mode; the
+    polish stops when it is below ``tol``. Each step is shortened to the trust radius
+    ``max(10, 3√d)`` sds (widened fourfold after a full step at the radius, narrowed to what
+    was taken otherwise) and halved until the full-data potential ``U`` is finite and has not
+    risen (a backtracking line search: a Newton step can overshoot where the log posterior is
+    far from quadratic, as a hierarchical scale's is). Where ``J`` is not positive definite
+    (the mode not reached) it is lifted to the Levenberg–Marquardt ``J + rI``. ``J`` is
+    re-estimated from the information rows (``info_at``) after a long or damped step, or when
+    the steps stop shrinking by half; otherwise the same ``J`` is reused (a chord iteration:
+    one pass over the data per step). A mode not reached in ``max_passes`` passes gets a
+    :class:`~numpyro_sgmc.diagnostics.ConvergenceWarning`.
+
+    :param info_at: ``info_at(params, regularize, more_rows=False) -> Information``; a ``J``
+        estimated near the mode whose step does not halve the distance is estimated again
+        from twice the rows (heavy-tailed rows make a few thousand of them a poor ``J``).
+    :return: ``(mode, distance, passes, information)``: the polished mode, the length of the
+        first step in posterior sds, the passes over the data, and the information at the
+        mode (``None`` when the mode moved more than ``tol`` sds since it was estimated).
+    """
+    prepared = problem.prepared
+    layout, n = prepared.layout, prepared.num_data
+    dtype = layout.ravel(mode).dtype
+    x = np.asarray(layout.ravel(mode), np.float64)
+    trust = max(10.0, 3.0 * math.sqrt(x.size))
+    g = np.asarray(layout.ravel(gradient), np.float64)
+    u = float(exact_gradient(prepared.spec, mode, problem.model_args, problem.model_kwargs)[0])
+    info, curvatures, fresh = info_at(mode, "auto"), 1, True  # fresh: J estimated at x
+    first, previous, previous_fresh, passes, settled = None, math.inf, False, 0, False
+    while True:
+        curvature = info.potential_curvature
+        J = _levenberg_marquardt(curvature)
+        exact = info.regularization == 0 and J is curvature
+        step = np.asarray(J.solve(g))
+        if info.kind == "diagonal":
+            step = _newton_direction(problem, x, g, J, info.num_rows, step, dtype)
+        distance = float(np.sqrt(max(n * float(g @ step), 0.0)))
+        first = distance if first is None else first
+        if exact and distance <= tol:
+            x, settled = x + step, True
+            break
+        if passes == max_passes:
+            break
+        contracting = distance <= 0.5 * previous
+        if curvatures < max_curvatures and not fresh:
+            if not exact or distance > 3.0 or not contracting:
+                info, curvatures, fresh = (
+                    info_at(_point(layout, x, dtype), "auto"),
+                    curvatures + 1,
+                    True,
+                )
+                continue
+        elif curvatures < max_curvatures and previous_fresh and not contracting:
+            if previous <= 3.0 and info.num_rows < n:  # a J from nearby that does not contract
+                info = info_at(_point(layout, x, dtype), "auto", more_rows=True)
+                curvatures, previous = curvatures + 1, math.inf
+                continue
+        limited = distance > trust
+        moved = _line_search(problem, x, step * min(1.0, trust / max(distance, 1e-300)), u)
+        passes += 1
+        if moved is None:  # no step along J⁻¹ḡ lowers U, or U is not finite along it
+            break
+        x, u, g, fraction = moved
+        if limited and fraction == 1.0:  # the quadratic held over the whole radius: widen it
+            trust *= 4.0
+        elif fraction < 1.0:
+            trust = max(trust * fraction, 1.0)
+        previous, previous_fresh, fresh = distance, fresh, False
+    if not settled:
+        warn(
+            f"The warm start stopped {first:.3g} posterior standard deviations from the mode, "
+            f"and {passes} damped Newton steps did not reach it (the last still "
+            f"{distance:.3g} sds long): the predictions, which linearise the model at the "
+            "mode, may be off. Run the warm start longer (warm_start_epochs), or check that "
+            "the model has a finite mode.",
+            ConvergenceWarning,
+        )
+    # the last step, from a J estimated where it started, is within tol of exact
+    return _point(layout, x, dtype), first, passes, (info if settled and fresh else None)
+
+
+def _newton_direction(problem, x, g, J, num_rows, fallback, dtype, iterations=100):
+    """``H⁻¹(nḡ)`` by Jacobi-preconditioned conjugate gradients on the Hessian of about
+    ``num_rows`` rows (at most 20,000), preconditioned by the diagonal ``J``: a diagonal ``J``
+    alone is a poor Newton direction where the parameters are correlated. ``fallback`` (the
+    diagonal step) where the solve does not converge or is not a descent direction (``H`` not
+    positive definite away from the mode)."""
+    prepared = problem.prepared
+    layout, spec, n = prepared.layout, prepared.spec, prepared.num_data
+    diag = n * np.asarray(J.diagonal(x.size), np.float64)
+    rows = random_rows(host_rng(problem.rng_key, 12), spec.plates, min(num_rows, 20_000))
+    arrays, structure = split_args(problem.model_args, problem.model_kwargs)
+    step, residual = _preconditioned_solves(
+        spec, structure, layout, int(iterations), jnp.asarray(x, dtype), jnp.asarray(diag, dtype),
+        jnp.asarray((n * g / np.sqrt(diag))[None], dtype), rows, arrays,
+    )  # fmt: skip
+    step = np.asarray(step[0], np.float64)
+    if not np.all(np.isfinite(step)) or float(residual[0]) > 1e-2 or float(g @ step) <= 0:
+        return fallback
+    return step
+
+
+def _point(layout, x, dtype) -> dict:
+    return layout.unravel(jnp.asarray(x, dtype))
+
+
+def _line_search(problem, x, step, u, halvings=12):
+    """``(x + s, U, ḡ, 2^-k)`` for the longest ``s = step/2^k`` with a finite ``U`` and
+    gradient and ``U`` no more than float rounding above ``u``; ``None`` if there is none."""
+    prepared = problem.prepared
+    layout = prepared.layout
+    dtype = layout.ravel(prepared.init_params).dtype
+    slack = 1e-5 * abs(u) + 1e-3  # the float32 rounding of a sum of n terms, and then some
+    for k in range(halvings):
+        z = layout.unravel(jnp.asarray(x + step, dtype))
+        value, g = exact_gradient(prepared.spec, z, problem.model_args, problem.model_kwargs)
+        value, g = float(value), np.asarray(layout.ravel(g), np.float64)
+        if math.isfinite(value) and np.all(np.isfinite(g)) and value <= u + slack:
+            return x + step, value, g, 0.5**k
+        step = step / 2
+    return None
+
+
+def _levenberg_marquardt(J):
+    """``J`` itself when positive definite, else Fletcher's scaled ``J + rD``, ``D`` the
+    magnitude of ``J``'s diagonal, with the smallest eigenvalue of the Jacobi-scaled matrix
+    lifted to a hundredth of its largest (scale-free: parameters' units do not matter)."""
+    if positive_definite(J, 1e-6):
+        return J
+    diag = np.abs(np.asarray(J.diagonal(), np.float64))
+    diag = np.maximum(diag, 1e-12 * max(diag.max(), 1e-300))
+    root = 1.0 / np.sqrt(diag)
+    values = np.linalg.eigvalsh(np.asarray(J.as_matrix(), np.float64) * np.outer(root, root))
+    ridge = 0.01 * max(values[-1], abs(values[0])) - values[0]
+    return J + Diagonal(ridge * diag)
+
+
+class Nonlinearity(NamedTuple):
+    """The log posterior against its local quadratic along one direction of the target.
+
+    :param direction: ``(d,)`` unit vector (flat order).
+    :param str label: the parameter it is mostly along.
+    :param float sd: the target's sd along it, ``σ = sqrt(vᵀΣv)``.
+    :param steps: the points probed, in target sds from the mode (``-2, -1, 1, 2``).
+    :param rises: ``U(θ̂ + tσv) - U(θ̂)`` at them, in units of the quadratic's ``½t²`` (the
+        control-variate estimate from the rows): ``[2, 0.5, 0.5, 2]`` for a Gaussian.
+    :param float profile_ratio: the sd of the one-dimensional profile ``exp(-U)`` along
+        ``v`` over ``σ`` (:func:`profile_moments`); ``inf`` when it is not normalisable.
+    :param float sd_ratio: the sd along ``v`` over ``σ`` once the other probed directions
+        are integrated over too: the profile's, times the change of the conditional variance
+        along ``v`` as the posterior moves along each other direction (a hierarchical mean's
+        curvature changes with the group scale).
+    """
+
+    direction: np.ndarray
+    label: str
+    sd: float
+    steps: np.ndarray
+    rises: np.ndarray
+    profile_ratio: float
+    sd_ratio: float
+
+
+@partial(jax.jit, static_argnames=("spec", "structure", "layout"))
+def _profiles(spec, structure, layout, zf, deltas, basis, batch, full_gradient, arrays):
+    """At every ``δ``: ``U_m(θ̂+δ) - U_m(θ̂) - ∇U_m(θ̂)ᵀδ + ∇U(θ̂)ᵀδ``, the rows' estimate of
+    the potential's rise with its linear part replaced by the exact one (a control variate),
+    and the curvature ``Wᵀ∇²U_m(θ̂+δ)W`` in the probed directions ``W`` (``basis``, ``(d, k)``);
+    the curvature at ``θ̂`` itself too (the same rows at every point, so differences are
+    sharp)."""
+    args, kwargs = structure.rebuild(arrays)
+    U = lambda x: potential(spec, layout.unravel(x), batch, args, kwargs)  # noqa: E731
+    base, grad = jax.value_and_grad(U)(zf)
+
+    def curvature(x):
+        hvp = lambda w: jax.jvp(jax.grad(U), (x,), (w,))[1]  # noqa: E731
+        return basis.T @ jax.vmap(hvp, in_axes=1, out_axes=1)(basis)
+
+    rises = jax.vmap(lambda delta: U(zf + delta) - base - (grad - full_gradient) @ delta)(deltas)
+    return rises, curvature(zf), jax.vmap(lambda delta: curvature(zf + delta))(deltas)
+
+
+def linearity(problem, mode, target, num_rows=4000) -> list:
+    """The log posterior along the target's three widest directions, against the quadratic
+    every prediction assumes (``docs/theory.md`` §4, "The local picture and its error").
+
+    At ``t = ±1, ±2`` target sds from the mode along each direction ``v_k``, from
+    ``num_rows`` rows: the potential's rise (its linear part exact) gives the profile's mean
+    and sd along ``v_k`` (:func:`profile_moments`); the curvature in the probed directions
+    gives how each other direction's conditional variance ``c_i(t)`` changes along ``v_k``
+    (fitted as ``1 + at + bt²``), averaged over the profile: ``1 + a E[t] + b E[t²]``. Their
+    product is :attr:`Nonlinearity.sd_ratio`. One more than 10% from 1 raises a
+    :class:`~numpyro_sgmc.diagnostics.LinearizationWarning`; :func:`linearity_error` turns
+    them into an error of every predicted sd.
+
+    :return: a :class:`Nonlinearity` per direction.
+    """
+    prepared = problem.prepared
+    layout, spec, n = prepared.layout, prepared.spec, prepared.num_data
+    zf = layout.ravel(mode)
+    directions = _widest(target, 3)
+    k = len(directions)
+    sd = np.sqrt(np.maximum([v @ np.asarray(target.apply(v)) for v in directions], 0.0))
+    steps = np.array([-2.0, -1.0, 1.0, 2.0])
+    deltas = np.concatenate([np.outer(steps * s, v) for v, s in zip(directions, sd, strict=True)])
+    basis = np.stack(directions, axis=1) * sd
+    _, full = exact_gradient(spec, mode, problem.model_args, problem.model_kwargs)
+    full = -n * layout.ravel(full)  # ∇U = -n ĝ
+    arrays, structure = split_args(problem.model_args, problem.model_kwargs)
+    batch = random_rows(host_rng(problem.rng_key, 7), spec.plates, num_rows)
+    rises, H0, H = (
+        np.asarray(x, np.float64)
+        for x in _profiles(
+            spec,
+            structure,
+            layout,
+            zf,
+            jnp.asarray(deltas, zf.dtype),
+            jnp.asarray(basis, zf.dtype),
+            batch,
+            full,
+            arrays,
+        )  # fmt: skip
+    )
+    # in units of the rows' own quadratic ½t²σ²vᵀ∇²U_m v (the same rows: heavy-tailed rows
+    # change the curvature estimate and the rises alike, and the ratio stays sharp)
+    rises = rises.reshape(k, -1) / np.maximum(np.diag(H0), 1e-300)[:, None]
+    moments = [profile_moments(steps, r) for r in rises]
+    conditional = _conditional_variances(H0, H.reshape(k, len(steps), k, k))
+    names = layout.names()
+    findings = []
+    for i, (v, s, r) in enumerate(zip(directions, sd, rises, strict=True)):
+        factor = moments[i][1] ** 2
+        for j in range(k):
+            if j != i and math.isfinite(factor):
+                a, b = _quadratic_fit(steps, conditional[i, j])
+                mean, spread = moments[j]
+                factor *= max(1.0 + a * mean + b * (spread**2 + mean**2), 0.0)
+        label = names[int(np.argmax(np.abs(v)))]
+        findings.append(
+            Nonlinearity(v, label, float(s), steps, r, moments[i][1], float(np.sqrt(factor)))
+        )
+    worst = max(findings, key=lambda f: abs(math.log(max(f.sd_ratio, 1e-300))))
+    if not 0.9 <= worst.sd_ratio <= 1.1:
+        profile = ", ".join(f"{r:.3g}" for r in worst.rises)
+        unbounded = not math.isfinite(worst.sd_ratio)
+        warn(
+            f"The log posterior is far from its local quadratic along the target's direction "
+            f"of {worst.label}: at -2, -1, +1, +2 sds from the mode it rises by {profile} "
+            "where a Gaussian rises by 2, 0.5, 0.5, 2. "
+            + (
+                "It does not rise on one side: the posterior has no finite mode there "
+                "(perfectly separable classes under a flat or heavy-tailed prior, a flat "
+                "likelihood), or the warm start and Newton steps did not reach it; the "
+                "predictions do not hold."
+                if unbounded
+                else f"The posterior's sd along it is about {worst.sd_ratio:.2f}x the "
+                "quadratic's: the predictions, which linearise the model at the mode, are "
+                "approximate there, and their stated error (report.prediction_error) counts "
+                "this. A skewed hierarchical scale, a constraint boundary or a heavy tail do "
+                "this."
+            ),
+            LinearizationWarning,
+        )
+    return findings
+
+
+def _conditional_variances(H0, H):
+    """``c[i, j, s] = [H(t_s v_j)⁻¹]_ii / [H(0)⁻¹]_ii`` from the probed curvatures."""
+    base = np.diag(np.linalg.pinv(H0))
+    k, num_steps = H.shape[0], H.shape[1]
+    out = np.ones((k, k, num_steps))
+    for j in range(k):
+        for s in range(num_steps):
+            out[:, j, s] = np.diag(np.linalg.pinv(H[j, s])) / np.maximum(base, 1e-300)
+    return out
+
+
+def _quadratic_fit(steps, values):
+    """``(a, b)`` of the least-squares ``1 + at + bt²`` through ``(steps, values)``."""
+    design = np.stack([steps, steps**2], axis=1)
+    (a, b), *_ = np.linalg.lstsq(design, np.asarray(values) - 1.0, rcond=None)
+    return float(a), float(b)
+
+
+def profile_moments(steps, rises) -> tuple:
+    """``(mean, sd)`` of ``exp(-p(t))`` in units of the sd of ``exp(-t²/2)``, ``p`` the quartic
+    through ``(0, 0)`` and ``(steps, rises)`` on ``[-2, 2]``, continued beyond by its value,
+    slope and (non-negative) curvature there; ``sd = inf`` if that is not normalisable, or if
+    a probe lies half a nat below the mode (the mode is elsewhere)."""
+    if np.min(rises) < -0.5:  # half a nat below the "mode" two sds away: not a mode
+        return 0.0, math.inf
+    t = np.concatenate([[0.0], np.asarray(steps, np.float64)])
+    p = np.polynomial.Polynomial.fit(t, np.concatenate([[0.0], rises]), 4).convert()
+    dp, d2p = p.deriv(), p.deriv(2)
+    grid = np.linspace(-12.0, 12.0, 4801)
+    values = p(np.clip(grid, -2.0, 2.0))
+    for edge, side in ((2.0, grid > 2.0), (-2.0, grid < -2.0)):
+        x = np.abs(grid[side] - edge)
+        slope, curve = dp(edge) * np.sign(edge), max(d2p(edge), 0.0)
+        if slope <= 0 and curve == 0:
+            return 0.0, math.inf
+        values[side] = p(edge) + slope * x + 0.5 * curve * x**2
+    if np.min(values) < -20:  # a profile that falls far below the mode: no mode here
+        return 0.0, math.inf
+    w = np.exp(-(values - values.min()))
+    w = w / w.sum()
+    mean = float(w @ grid)
+    return mean, float(np.sqrt(w @ (grid - mean) ** 2))
+
+
+def linearity_error(findings, target) -> np.ndarray:
+    """``(d,)`` the relative error of every predicted sd that the nonlinear directions
+    imply: a direction ``v`` whose sd is ``ρ`` times the quadratic's changes parameter
+    ``j``'s variance by ``(ρ² - 1) σ_v² v_j²``, relative to ``Σ_jj``. That is twice its
+    effect on the sd: the probes see the curvature's change along three directions to
+    second order, and the error they miss is of the same size (capped at 1, i.e. 100%)."""
+    variances = np.asarray(target.diagonal(), np.float64)
+    error = np.zeros_like(variances)
+    for f in findings:
+        change = abs(min(f.sd_ratio, 1e3) ** 2 - 1) * f.sd**2 * f.direction**2
+        error = error + change / np.maximum(variances, 1e-300)
+    return np.minimum(error, 1.0)
+
+
+def _widest(covariance, count) -> list:
+    """The ``count`` unit directions of largest variance (eigenvectors; axes if diagonal)."""
+    if isinstance(covariance, Diagonal):
+        values = np.asarray(covariance.values)
+        order = np.argsort(-values)[:count]
+        return [np.eye(values.size)[k] for k in order]
+    values, vectors = np.linalg.eigh(np.asarray(covariance.matrix))
+    return [vectors[:, k] for k in np.argsort(-values)[:count]]

@@ -1,0 +1,717 @@
+"""The model prepared for stochastic-gradient inference: traced once, then passed down.
+
+:func:`prepare_model` traces a NumPyro model once, on the first rows of its data, finds its
+subsample plates (``numpyro.plate(name, n, subsample_size=b)``), checks that stochastic
+gradients can serve it, and returns a :class:`SubsampledModel`:
+
+* :class:`ModelSpec`, the hashable part (the model function and its plates), which every
+  compiled function of the library takes as a static argument, so that a second call with
+  data of the same shapes reuses the compiled code;
+* :class:`Layout`, the order of the flattened unconstrained parameters (sites sorted by name,
+  each raveled row-major) in which every scale (:mod:`numpyro_sgmc.scales`) and every
+  prediction is written;
+* the starting values of the init strategy and the constraining transforms.
+
+:func:`potential` is the model's potential ``Ũ(z)`` on a :class:`~numpyro_sgmc.subsample.Batch`
+of indices (NumPyro scales the batch log-likelihood by ``n_p/b_p``, ``docs/theory.md`` §1),
+and :func:`constrain` maps unconstrained values back, with the deterministic sites. Both are
+pure functions of the spec, the position, the indices and the data, so the data reach every
+compiled function as arguments (:func:`split_args`), never as compiled-in constants.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+from jax.experimental import checkify
+from numpyro import handlers
+from numpyro.distributions import biject_to
+from numpyro.handlers import seed, trace
+from numpyro.infer.initialization import init_to_mean, init_to_median, init_to_uniform
+from numpyro.infer.util import constrain_fn, potential_energy
+from numpyro.primitives import _PYRO_STACK, Messenger, plate
+from numpyro.util import is_prng_key, not_jax_tracer
+
+from numpyro_sgmc import validation
+from numpyro_sgmc.diagnostics import PerformanceWarning, warn
+from numpyro_sgmc.subsample import (
+    Batch,
+    SubsamplePlate,
+    data_indexed_model,
+    first_batch,
+    first_rows,
+    plate_sites,
+)
+
+__all__ = [
+    "ArgStructure",
+    "Layout",
+    "ModelSpec",
+    "SubsampledModel",
+    "constrain",
+    "constrained",
+    "num_data",
+    "potential",
+    "prepare_model",
+    "split_args",
+]
+
+
+def num_data(plates) -> int:
+    """``n``: the total number of data over all subsample plates (``docs/theory.md`` §1)."""
+    return sum(p.size for p in plates)
+
+
+def total_batch(plates) -> int:
+    """``b``: the rows one minibatch draws over all subsample plates."""
+    return sum(p.batch_size for p in plates)
+
+
+class ModelSpec(NamedTuple):
+    """The hashable description of a subsampled model: a static argument of compiled code.
+
+    :param model: the user's NumPyro model.
+    :param tuple plates: its subsample plates, :class:`~numpyro_sgmc.subsample.SubsamplePlate`
+        sorted by name, with the batch size the kernel draws.
+    """
+
+    model: Callable
+    plates: tuple
+
+    @property
+    def num_data(self) -> int:
+        return num_data(self.plates)
+
+    @property
+    def batch_size(self) -> int:
+        return total_batch(self.plates)
+
+    def plate(self, name: str) -> SubsamplePlate:
+        return {p.name: p for p in self.plates}[name]
+
+    def with_batch_size(self, batch_size) -> "ModelSpec":
+        """The same model with batch size ``batch_size`` (an int for every plate, or
+        ``{plate: int}``; plates left out keep theirs)."""
+        return self._replace(plates=_batch_sizes(self.plates, batch_size))
+
+
+class Layout(NamedTuple):
+    """Order of the flattened unconstrained parameters: ``((site, start, stop, shape), ...)``,
+    sites sorted by name, each raveled row-major (as :func:`jax.flatten_util.ravel_pytree`)."""
+
+    sites: tuple
+
+    @classmethod
+    def of(cls, params: dict) -> "Layout":
+        sites, start = [], 0
+        for name in sorted(params):
+            shape = tuple(jnp.shape(params[name]))
+            size = int(np.prod(shape))
+            sites.append((name, start, start + size, shape))
+            start += size
+        return cls(tuple(sites))
+
+    @property
+    def size(self) -> int:
+        """``d``."""
+        return self.sites[-1][2] if self.sites else 0
+
+    def ravel(self, tree: dict):
+        """The flat ``(..., d)`` vector of a dict of site values (leading axes kept)."""
+        parts = []
+        for name, start, stop, shape in self.sites:
+            value = jnp.asarray(tree[name])
+            lead = value.shape[: value.ndim - len(shape)]
+            parts.append(jnp.reshape(value, lead + (stop - start,)))
+        return jnp.concatenate(parts, axis=-1)
+
+    def unravel(self, flat) -> dict:
+        """Site name -> array for a flat ``(..., d)`` vector."""
+        lead = jnp.shape(flat)[:-1]
+        return {
+            name: jnp.reshape(flat[..., start:stop], lead + shape)
+            for name, start, stop, shape in self.sites
+        }
+
+    def names(self) -> list:
+        """``site`` or ``site[i, j]`` for every flat entry."""
+        out = []
+        for name, start, stop, shape in self.sites:
+            if not shape:
+                out.append(name)
+                continue
+            for k in range(stop - start):
+                idx = np.unravel_index(k, shape)
+                out.append(f"{name}[{', '.join(str(int(i)) for i in idx)}]")
+        return out
+
+
+class ArgStructure(NamedTuple):
+    """The non-array part of the model arguments (hashable), to rebuild them from arrays."""
+
+    treedef: object
+    static: tuple  # the non-array leaves, None where an array goes
+
+    def rebuild(self, arrays) -> tuple:
+        it = iter(arrays)
+        leaves = [next(it) if s is _ARRAY else s for s in self.static]
+        return jax.tree.unflatten(self.treedef, leaves)
+
+
+class _ArrayMarker:
+    def __repr__(self):
+        return "<array>"
+
+
+_ARRAY = _ArrayMarker()
+
+
+def split_args(model_args, model_kwargs) -> tuple:
+    """``(arrays, structure)``: the array leaves of the model arguments (the data, passed to
+    compiled functions as arguments) and a hashable :class:`ArgStructure` to rebuild
+    ``(model_args, model_kwargs)`` from them (``structure.rebuild(arrays)``)."""
+    kwargs = {} if model_kwargs is None else dict(model_kwargs)
+    leaves, treedef = jax.tree.flatten((tuple(model_args), kwargs))
+    is_array = [isinstance(x, (np.ndarray, jax.Array, np.generic)) for x in leaves]
+    arrays = tuple(x for x, a in zip(leaves, is_array, strict=True) if a)
+    static = tuple(_ARRAY if a else x for x, a in zip(leaves, is_array, strict=True))
+    return arrays, ArgStructure(treedef, static)
+
+
+def potential(spec: ModelSpec, z: dict, batch: Batch, model_args, model_kwargs):
+    """``Ũ(z)``: the potential in unconstrained space on ``batch`` (``docs/theory.md`` §1).
+
+    NumPyro's own :func:`~numpyro.infer.util.potential_energy` of the model whose subsample
+    plates take ``batch.indices`` (scaled ``n_p / b_p``), or the weights of ``batch``.
+    """
+    indexed = data_indexed_model(spec.model, spec.plates)
+    return potential_energy(indexed, (batch,) + tuple(model_args), model_kwargs, z)
+
+
+def constrain(spec: ModelSpec, z: dict, model_args, model_kwargs, exclude=frozenset()) -> dict:
+    """Constrained latent values and deterministic sites at ``z`` (those in ``exclude``, the
+    per-datum deterministic sites of one batch, are left out)."""
+    indexed = data_indexed_model(spec.model, spec.plates)
+    values = constrain_fn(
+        indexed,
+        (first_batch(spec.plates),) + tuple(model_args),
+        model_kwargs,
+        z,
+        return_deterministic=True,
+    )
+    return {k: v for k, v in values.items() if k not in exclude}
+
+
+@partial(jax.jit, static_argnames=("spec", "structure", "exclude", "batched"))
+def _constrained(spec, structure, exclude, batched, z, arrays):
+    args, kwargs = structure.rebuild(arrays)
+    one = partial(constrain, spec, model_args=args, model_kwargs=kwargs, exclude=exclude)
+    return jax.vmap(one)(z) if batched else one(z)
+
+
+def constrained(spec, z, model_args, model_kwargs, exclude=frozenset(), batched=False) -> dict:
+    """:func:`constrain`, compiled once per model and data shapes (the data as arguments);
+    ``batched``: ``z`` has a leading axis (one point per restart or chain)."""
+    arrays, structure = split_args(model_args, model_kwargs)
+    return _constrained(spec, structure, frozenset(exclude), bool(batched), z, arrays)
+
+
+class SubsampledModel(NamedTuple):
+    """A model prepared for stochastic-gradient inference (:func:`prepare_model`).
+
+    :param spec: the hashable :class:`ModelSpec`.
+    :param layout: the flat order of the unconstrained parameters.
+    :param dict init_params: unconstrained starting values of the init strategy (a leading
+        axis per key when ``rng_key`` was a batch of keys).
+    :param dict transforms: latent site -> transform from unconstrained to constrained values.
+    :param frozenset per_datum_sites: deterministic sites inside a subsample plate (values for
+        one batch only; left out of the draws).
+    :param prototype_trace: the trace on the first rows of each plate.
+    """
+
+    spec: ModelSpec
+    layout: Layout
+    init_params: dict
+    transforms: dict
+    per_datum_sites: frozenset
+    prototype_trace: dict
+
+    @property
+    def plates(self) -> tuple:
+        return self.spec.plates
+
+    @property
+    def num_data(self) -> int:
+        return self.spec.num_data
+
+    @property
+    def latent_sites(self) -> list:
+        return [name for name, *_ in self.layout.sites]
+
+    def with_batch_size(self, batch_size) -> "SubsampledModel":
+        return self._replace(spec=self.spec.with_batch_size(batch_size))
+
+
+def prepare_model(
+    rng_key,
+    model: Callable,
+    model_args: tuple = (),
+    model_kwargs: Optional[dict] = None,
+    batch_size=None,
+    init_strategy=init_to_uniform,
+) -> SubsampledModel:
+    """Trace ``model`` once (in O(b)), find its subsample plates and starting values.
+
+    :param rng_key: key (or a batch of keys, one per chain) for the init strategy.
+    :param batch_size: ``None`` to keep each plate's ``subsample_size``; an int for every
+        subsample plate; or ``{plate name: batch size}``.
+    :param init_strategy: a NumPyro init strategy; where it finds no point with a finite
+        potential, the prior means and then the unconstrained zeros are tried (a random start
+        on raw covariate scales overflows ``exp``; the prior mean of a zero-mean coefficient
+        does not).
+
+    The model and its data are checked on this first trace, before anything compiles
+    (``docs/bad-input.md``): every plate against the data it subsamples, every site
+    (``_check_sites``), and the data for NaN and infinite values in one chunked pass
+    (``numpyro_sgmc.validation.check_finite_data``); a plate whose indices the model
+    uses itself (``X[idx]``) is evaluated once on its last rows, where an index past the data
+    is an error rather than JAX's silent clamp.
+
+    :raises ValueError: no subsample plate; a batch larger than its plate; a plate whose size
+        is not the length of the data it subsamples or indexes; an array used whole inside a
+        subsample plate; an observation that broadcasts against its distribution; a discrete,
+        or a per-datum, latent site; a second subsample plate nested inside a subsample plate;
+        an unknown plate name; non-finite data.
+    :raises TypeError: a pandas object or a non-numeric array among the model arguments
+        (``numpyro_sgmc.validation.as_arrays`` converts them first where a kernel runs).
+    :raises RuntimeError: no starting point with a finite potential.
+    """
+    model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
+    model_args = tuple(model_args)
+    validation.check_types(model, model_args, model_kwargs)
+    batched = not is_prng_key(rng_key)  # one key per chain
+    trace_key = rng_key[0] if batched else rng_key
+    model_trace, subsampled = _first_trace(model, trace_key, model_args, model_kwargs)
+    plates = _batch_sizes(_declared_plates(model_trace), batch_size)
+    _check_sites(model_trace, plates)
+    validation.check_finite_data(model, model_args, model_kwargs)
+    spec = ModelSpec(model, plates)
+    init_params = _initialize(rng_key, model, plates, model_args, model_kwargs, init_strategy)
+    one = jax.tree.map(lambda v: v[0], init_params) if batched else init_params
+    indexed = [p.name for p in plates if p.name not in subsampled]
+    if indexed:
+        _check_indexing(spec, one, model_args, model_kwargs, indexed)
+    latent = [
+        name
+        for name, site in model_trace.items()
+        if site["type"] == "sample" and not site["is_observed"]
+    ]
+    transforms = {name: biject_to(model_trace[name]["fn"].support) for name in latent}
+    per_datum = frozenset(
+        name
+        for name in plate_sites(model_trace, plates)
+        if model_trace[name]["type"] == "deterministic"
+    )
+    return SubsampledModel(spec, Layout.of(one), init_params, transforms, per_datum, model_trace)
+
+
+def _initialize(rng_key, model, plates, model_args, model_kwargs, init_strategy) -> dict:
+    """Unconstrained starting values from ``init_strategy`` (a leading axis per key when
+    ``rng_key`` is a batch of keys), then from the fallbacks (:func:`prepare_model`).
+
+    Each strategy's point and the potential's finiteness there (value and gradient, on the
+    first rows of each plate) are one compiled function of the keys and the data, cached per
+    model, strategy and data shapes (NumPyro's ``initialize_model`` compiles afresh on every
+    call). A random strategy gets ten draws per key."""
+    spec = ModelSpec(model, plates)
+    batched = not is_prng_key(rng_key)
+    keys = rng_key if batched else rng_key[None]
+    arrays, structure = split_args(model_args, model_kwargs)
+    # init_to_mean is undefined for a Cauchy prior (NaN); the median and zeros are not
+    strategies = (init_strategy, init_to_mean, init_to_median, init_to_uniform(radius=0.0))
+    for strategy in strategies:
+        for attempt in range(10):
+            attempt_keys = jax.vmap(lambda k, a=attempt: jax.random.fold_in(k, a))(keys)
+            z, finite = _start(spec, structure, strategy, attempt_keys, arrays)
+            if bool(np.all(np.asarray(finite))):
+                return z if batched else jax.tree.map(lambda v: v[0], z)
+            if not _is_random(strategy):
+                break
+    raise RuntimeError(
+        "No starting point with a finite potential and gradient was found: the init "
+        "strategy (ten points per chain), the prior means and medians and the unconstrained "
+        "zeros all failed, evaluating the model on the first rows of each subsample plate. "
+        "Check that the model's log-density is finite for these data (e.g. no log of a "
+        "non-positive value, no impossible observation, no NaN), or pass init_params "
+        "(unconstrained values)."
+    )
+
+
+def _is_random(strategy) -> bool:
+    base = strategy.func if isinstance(strategy, partial) else strategy
+    return base in (init_to_uniform,) and (
+        not isinstance(strategy, partial) or strategy.keywords.get("radius", 2.0) != 0.0
+    )
+
+
+@partial(jax.jit, static_argnames=("spec", "structure", "strategy"))
+def _start(spec, structure, strategy, keys, arrays):
+    """``(z, finite)`` per key: the strategy's unconstrained point, and whether the potential
+    and its gradient are finite there (a NaN from an undefined prior mean counts as not)."""
+    args, kwargs = structure.rebuild(arrays)
+    indexed = data_indexed_model(spec.model, spec.plates)
+    batch = first_batch(spec.plates)
+
+    def one(key):
+        with numpyro.validation_enabled(False):
+            model_trace = trace(
+                handlers.substitute(seed(indexed, key), substitute_fn=_as_jax(strategy))
+            ).get_trace(batch, *args, **kwargs)
+        z = {
+            name: biject_to(site["fn"].support).inv(site["value"])
+            for name, site in model_trace.items()
+            if site["type"] == "sample" and not site["is_observed"]
+        }
+        value, grad = jax.value_and_grad(lambda z: potential(spec, z, batch, args, kwargs))(z)
+        finite = jnp.isfinite(value) & jnp.all(
+            jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grad)])
+        )
+        return z, finite
+
+    return jax.vmap(one)(keys)
+
+
+def _as_jax(strategy):
+    """``strategy`` with its values as JAX arrays: a NumPy value (``init_to_value`` of NumPy
+    arrays) cannot be indexed by traced data, as ``alpha[group]`` in a hierarchical model."""
+
+    def substitute_fn(site):
+        value = strategy(site)
+        return None if value is None else jnp.asarray(value)
+
+    return substitute_fn
+
+
+def _declared_plates(model_trace) -> tuple:
+    declared = [
+        SubsamplePlate(name, int(site["args"][0]), int(site["args"][1]))
+        for name, site in model_trace.items()
+        if site["type"] == "plate" and site["args"][1] is not None  # b = n: full data
+    ]
+    if not declared:
+        full_plates = [n for n, s in model_trace.items() if s["type"] == "plate"]
+        hint = (
+            f" Its plate(s) {full_plates} have no `subsample_size`."
+            if full_plates
+            else " It has no `numpyro.plate` at all."
+        )
+        raise ValueError(
+            "The model has no subsample plate, so there is nothing to draw minibatches from."
+            + hint
+            + " Mark the data plate the way SVI and HMCECS expect:\n"
+            "    with numpyro.plate('data', X.shape[0], subsample_size=100):\n"
+            "        Xb = numpyro.subsample(X, event_dim=1)\n"
+            "        yb = numpyro.subsample(y, event_dim=0)\n"
+            "        numpyro.sample('y', dist.Bernoulli(logits=Xb @ theta), obs=yb)"
+        )
+    return tuple(sorted(declared))
+
+
+def _batch_sizes(plates: tuple, batch_size) -> tuple:
+    names = [p.name for p in plates]
+    if batch_size is not None and not isinstance(batch_size, (int, np.integer, dict)):
+        raise TypeError(
+            f"batch_size must be None, an int or a dict {{plate: int}}, got {batch_size!r}."
+        )
+    if isinstance(batch_size, dict):
+        unknown = set(batch_size) - set(names)
+        if unknown:
+            raise ValueError(
+                f"batch_size names plate(s) {sorted(unknown)} that are not subsample plates "
+                f"of the model; its subsample plates are {sorted(names)}."
+            )
+    out = []
+    for p in plates:
+        if isinstance(batch_size, dict):
+            b = batch_size.get(p.name, p.batch_size)
+        else:
+            b = p.batch_size if batch_size is None else batch_size
+        if not isinstance(b, (int, np.integer)) or isinstance(b, bool) or b < 1:
+            raise ValueError(f"batch_size for plate '{p.name}' must be a positive int, got {b!r}.")
+        if b > p.size:
+            raise ValueError(
+                f"batch_size={b} is larger than the data: plate '{p.name}' has size {p.size}. "
+                f"Use a batch_size of at most {p.size} (batch_size={p.size} means full-data "
+                "gradients every step)."
+            )
+        out.append(p._replace(batch_size=int(b)))
+    return tuple(out)
+
+
+def _check_sites(model_trace, plates: tuple):
+    """Every site of the first trace can be sampled by stochastic gradients: no latent site
+    is discrete or per-datum, no observation broadcasts against its distribution's batch
+    shape, and none with the rows of a subsample plate lies outside it (a
+    :class:`~numpyro_sgmc.diagnostics.PerformanceWarning`: O(n) per step)."""
+    names = {p.name for p in plates}
+    for name, site in model_trace.items():
+        inside = [f.name for f in site.get("cond_indep_stack", ()) if f.name in names]
+        if len(inside) > 1:
+            raise ValueError(
+                f"Site '{name}' lies in nested subsample plates {inside}. Stochastic-gradient "
+                "kernels subsample one data dimension: give `subsample_size` to one of them only."
+            )
+        if site["type"] != "sample":
+            continue
+        if not site["is_observed"]:
+            if getattr(getattr(site["fn"], "support", None), "is_discrete", False):
+                raise ValueError(
+                    f"Latent site '{name}' is discrete ({type(site['fn']).__name__}): the SG "
+                    "kernels sample continuous sites only, by gradient steps. Marginalise it "
+                    "out (sum the likelihood over its values, e.g. with a mixture distribution "
+                    "such as dist.MixtureSameFamily), or fix it to a value with "
+                    f"numpyro.handlers.condition(model, data={{'{name}': value}})."
+                )
+            if inside:
+                raise ValueError(
+                    f"Latent site '{name}' lies inside subsample plate '{inside[0]}'. A "
+                    "per-datum latent variable is only updated for the rows in the batch, "
+                    "which SG-MCMC does not support: marginalise it out, or move it out of the "
+                    "subsample plate."
+                )
+            continue
+        if inside:
+            _check_observation(name, site, inside[0])
+    _warn_outside_plates(model_trace, plates)
+
+
+def _check_observation(name, site, plate_name):
+    """An observation in a subsample plate has its distribution's batch shape (one
+    observation per row of the batch), not a shape that broadcasts to a larger one."""
+    fn, value = site["fn"], site["value"]
+    event = tuple(fn.event_shape)
+    shape = tuple(jnp.shape(value))
+    batch = shape[: len(shape) - len(event)]
+    try:
+        full = jax.lax.broadcast_shapes(tuple(fn.batch_shape), batch)
+    except ValueError:
+        full = None
+    if full == tuple(fn.batch_shape):
+        return
+    what = f"broadcast to {full}" if full is not None else "do not broadcast"
+    raise ValueError(
+        f"Observed site '{name}' in subsample plate '{plate_name}' has an observation of shape "
+        f"{shape} for a distribution of batch shape {tuple(fn.batch_shape)} and event shape "
+        f"{event}: their batch shapes {what}, so the observations are not matched row by row "
+        "with the predictions (a column y of shape (n, 1) against predictions of shape (b,) "
+        "compares every prediction with every observation). Give the observation the plate's "
+        "shape: pass y.reshape(-1) (or y[:, 0]) to the model, or, for a vector-valued "
+        "observation, make its distribution's event shape match with .to_event(1)."
+    )
+
+
+def _warn_outside_plates(model_trace, plates: tuple):
+    """A :class:`~numpyro_sgmc.diagnostics.PerformanceWarning` for each observed site outside
+    every subsample plate whose observation has the rows of one (b < n)."""
+    names = {p.name for p in plates}
+    sizes = {p.size: p.name for p in plates if p.batch_size < p.size}
+    for name, site in model_trace.items():
+        if site["type"] != "sample" or not site["is_observed"]:
+            continue
+        if any(f.name in names for f in site.get("cond_indep_stack", ())):
+            continue
+        rows = [sizes[k] for k in jnp.shape(site["value"]) if k in sizes]
+        if not rows:
+            continue
+        p = rows[0]
+        empty = not any(
+            s["type"] == "sample"
+            and s["is_observed"]
+            and any(f.name == p for f in s.get("cond_indep_stack", ()))
+            for s in model_trace.values()
+        )
+        warn(
+            f"Observed site '{name}' lies outside the subsample plate '{p}', but its "
+            f"observation of shape {tuple(jnp.shape(site['value']))} has the plate's "
+            f"{dict((q.name, q.size) for q in plates)[p]} rows: its log-likelihood is computed "
+            "on all the rows at every step (O(n) per step, not O(b))"
+            + (", and the plate holds no observed site, so nothing is subsampled" if empty else "")
+            + ". autotune, which measures the gradient noise row by row, cannot see it (its "
+            "information matrix I is then singular). Put the likelihood inside the plate:\n"
+            f"    with numpyro.plate('{p}', y.shape[0], subsample_size=100):\n"
+            f"        numpyro.sample('{name}', ..., obs=numpyro.subsample(y, event_dim=0))",
+            PerformanceWarning,
+        )
+
+
+class _DataCheck(Messenger):
+    """Check each plate and each ``numpyro.subsample`` call as the first trace runs, before
+    NumPyro's own broadcasting errors: a plate no larger than its data, data whose plate
+    dimension has the plate's size. ``subsampled`` collects the plates that subsample data."""
+
+    def __init__(self, fn, labels: dict):
+        self.labels = labels  # id(array) -> "argument 'X' (position 0)"
+        self.subsampled = set()
+        super().__init__(fn)
+
+    def process_message(self, msg):
+        if msg["type"] == "plate":
+            size, b = msg["args"]
+            if b is not None and b > size:
+                raise ValueError(
+                    f"Plate '{msg['name']}' has {size} rows but subsample_size={b}: a batch "
+                    f"cannot be larger than the data. Give the plate a subsample_size of at "
+                    f"most {size}, e.g. numpyro.plate('{msg['name']}', X.shape[0], "
+                    f"subsample_size=min({b}, X.shape[0])); subsample_size equal to the number "
+                    "of rows means full-data gradients."
+                )
+            return
+        if msg["type"] != "subsample":
+            return
+        data, event_dim = msg["value"], msg["kwargs"]["event_dim"]
+        shape = tuple(jnp.shape(data))
+        what = self.labels.get(id(data), "the array")
+        for p in [h for h in _PYRO_STACK if isinstance(h, plate) and h.dim is not None]:
+            dim = p.dim - event_dim
+            subsampling = p.subsample_size < p.size
+            self.subsampled.add(p.name)
+            if len(shape) >= -dim and shape[dim] == p.size:
+                continue
+            call = f"numpyro.subsample(..., event_dim={event_dim}) of {what} of shape {shape}"
+            axis = len(shape) + dim
+            if len(shape) >= -dim and shape[dim] != 1:
+                fits = [a for a in range(len(shape)) if shape[a] == p.size]
+                hint = (
+                    f" If its rows are along axis {fits[0]}, pass event_dim="
+                    f"{p.dim + len(shape) - fits[0]}."
+                    if fits and p.dim + len(shape) - fits[0] >= 0
+                    else ""
+                )
+                raise ValueError(
+                    f"Plate '{p.name}' has size {p.size}, but the {call} subsamples its axis "
+                    f"{axis}, of length {shape[dim]}. A subsample plate's size is the number of "
+                    f"rows of the data it subsamples: declare numpyro.plate('{p.name}', "
+                    f"X.shape[0], ...) with the data's own length.{hint}"
+                )
+            if subsampling:
+                where = (
+                    f"its axis {axis}, the plate's, has length 1"
+                    if len(shape) >= -dim
+                    else f"it has no axis {dim} for the plate"
+                )
+                raise ValueError(
+                    f"Inside plate '{p.name}' (size {p.size}, subsample_size {p.subsample_size}) "
+                    f"the {call} subsamples nothing: {where}, so NumPyro broadcasts the whole "
+                    "array against every batch instead of taking the batch's rows. Pass the "
+                    "data with their rows along the plate's dimension: a column y of shape "
+                    "(n, 1) as y.reshape(-1) (or y[:, 0])."
+                )
+
+
+def _first_trace(model, rng_key, model_args, model_kwargs) -> tuple:
+    """``(trace, subsampled plates)``: ``model`` on the first rows of each subsample plate,
+    checked by :class:`_DataCheck`, with a message that names the fix for what NumPyro would
+    raise as a broadcasting error or a failed assertion."""
+    positional, keyword = validation.argument_labels(model, model_args, model_kwargs)
+    labels = {id(x): label for x, label in zip(model_args, positional, strict=True)}
+    labels.update({id(v): keyword[k] for k, v in model_kwargs.items()})
+    check = _DataCheck(model, labels)
+    try:
+        model_trace = trace(seed(first_rows(check), rng_key)).get_trace(*model_args, **model_kwargs)
+    except AssertionError as err:
+        if "size of plate should be positive" not in str(err):
+            raise
+        empty = validation.empty_arguments(model, model_args, model_kwargs)
+        raise ValueError(
+            "A numpyro.plate of the model has size 0: there are no data to sample from"
+            + (f" ({empty})" if empty else "")
+            + ". Check the step that loads or filters the data: every subsample plate needs "
+            "at least one row."
+        ) from err
+    except ValueError as err:
+        if "Incompatible shapes for broadcasting" not in str(err):
+            raise
+        site, frame = _failing_site(err)
+        if frame is None or frame.subsample_size >= frame.size:
+            raise
+        raise ValueError(
+            f"Site '{site}' inside subsample plate '{frame.name}' (size {frame.size}, "
+            f"subsample_size {frame.subsample_size}) does not fit the plate's batch of "
+            f"{frame.subsample_size} rows ({err}): an array with all {frame.size} rows is used "
+            "inside the plate. Subsample every per-row array there, e.g. "
+            "Xb = numpyro.subsample(X, event_dim=1) and yb = numpyro.subsample(y, event_dim=0), "
+            "and write the likelihood with Xb and yb (or index with the plate's indices: "
+            "with numpyro.plate(...) as idx: X[idx])."
+        ) from err
+    return model_trace, check.subsampled
+
+
+def _failing_site(err) -> tuple:
+    """``(site name, plate)`` of a NumPyro plate's failed broadcast, from the traceback."""
+    site, frame, tb = None, None, err.__traceback__
+    while tb is not None:
+        here = tb.tb_frame
+        if here.f_code.co_name == "sample" and isinstance(here.f_locals.get("name"), str):
+            site = here.f_locals["name"]
+        if isinstance(here.f_locals.get("self"), plate):
+            frame = here.f_locals["self"]
+        tb = tb.tb_next
+    return site, frame
+
+
+@partial(jax.jit, static_argnames=("spec", "structure"))
+def _index_errors(spec, structure, z, arrays):
+    args, kwargs = structure.rebuild(arrays)
+    last = Batch({p.name: jnp.arange(p.size - p.batch_size, p.size) for p in spec.plates})
+    checked = checkify.checkify(
+        lambda z: potential(spec, z, last, args, kwargs), errors=checkify.index_checks
+    )
+    error, _ = checked(z)
+    return error
+
+
+def _check_indexing(spec, z, model_args, model_kwargs, plates: list):
+    """The model's own indexing with the indices of ``plates`` stays within the data, on
+    the plates' last rows (JAX clamps an index past the end without an error)."""
+    arrays, structure = split_args(model_args, model_kwargs)
+    if not all(not_jax_tracer(a) for a in arrays) or any(
+        isinstance(a, jax.Array) and not a.is_fully_addressable for a in arrays
+    ):
+        return
+    message = _index_errors(spec, structure, z, arrays).get()
+    if message:
+        sizes = ", ".join(f"'{p.name}' of size {p.size}" for p in spec.plates if p.name in plates)
+        raise ValueError(
+            f"The model indexes an array past its end with the indices of subsample plate "
+            f"{sizes}, on the plate's last rows: {message.strip()} JAX clamps such indices "
+            "without an error, so the kernels would silently reuse the data's last row. A "
+            "subsample plate's size is the number of rows of the data it indexes: declare "
+            "numpyro.plate(name, X.shape[0], subsample_size=...) with the data's own length."
+        )
+
+
+def chunked_batches(plates: tuple, chunk_size: int, num_shards: int = 1):
+    """``(num_chunks, batch_of)``: every plate split into the same number of contiguous chunks
+    of at most ``chunk_size`` rows; ``batch_of(c)`` is chunk ``c`` as a weighted
+    :class:`~numpyro_sgmc.subsample.Batch` (each row weight 1, padding weight 0, the prior
+    weighted ``1/(chunks · shards)``), so the chunks' potentials sum to the exact full-data
+    potential (over ``num_shards`` shards)."""
+    num_chunks = max(math.ceil(p.size / chunk_size) for p in plates)
+    lengths = {p.name: math.ceil(p.size / num_chunks) for p in plates}
+
+    def batch_of(c):
+        indices, weights = {}, {}
+        for p in plates:
+            idx = c * lengths[p.name] + jnp.arange(lengths[p.name])
+            valid = idx < p.size
+            indices[p.name] = jnp.where(valid, idx, 0)
+            weights[p.name] = valid.astype(jnp.result_type(float))
+        return Batch(indices, weights, 1.0 / (num_chunks * num_shards))
+
+    return num_chunks, batch_of

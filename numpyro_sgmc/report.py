@@ -1,0 +1,197 @@
+"""What the autotuner chose and predicts: :class:`TuningReport`.
+
+The report holds the tuning (the Table 1 row and its ``h``, ``b``, ``β``, ``Γ``, ``Λ``), the
+prediction (the stationary covariance from the discrete Lyapunov equation, the per-parameter
+autocorrelation times, the mixing time) and its cost in epochs, with the information
+(``J``, ``I``) and the warm start it was built from (``docs/theory.md`` §3–§4).
+:func:`~numpyro_sgmc.check_run` compares a run with it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+from numpyro_sgmc import scales
+from numpyro_sgmc.theory import autocorrelation_times
+
+__all__ = ["TuningReport"]
+
+
+class TuningReport(NamedTuple):
+    """What :func:`~numpyro_sgmc.autotune` chose and predicts; matrices are scales
+    (:mod:`numpyro_sgmc.scales`) over the flat unconstrained parameters (``layout``).
+
+    :param str row: the Table 1 row.
+    :param str algorithm: the kernel's class name.
+    :param str target: the target's name; ``weights`` its ``(w₁, w₂)``.
+    :param float step_size: ``h``.
+    :param dict batch_size: ``b`` per plate.
+    :param float inverse_temperature: ``β`` (``inf`` for SGD).
+    :param preconditioner: ``Γ``.
+    :param noise_preconditioner: ``Λ`` (``None`` for SGD).
+    :param bool control_variates: whether the kernel uses control variates.
+    :param int num_steps: iterations per MCMC draw given to the kernel.
+    :param target_covariance: ``Σ_t = Q/n`` (unconstrained).
+    :param covariance: the predicted stationary covariance (unconstrained).
+    :param constrained_covariance: the prediction mapped to the constrained latent sites by
+        the delta method, ``(d, d)`` array (``None`` for a diagonal prediction).
+    :param autocorrelation_iterations: ``(d,)`` predicted integrated autocorrelation time of
+        each unconstrained parameter, in iterations.
+    :param float mixing_iterations: the worst over all linear functionals, in iterations.
+    :param float mixing_epochs: the same in epochs of gradient work.
+    :param int gradient_evaluations_per_iteration: ``b``, or ``2b`` with control variates.
+    :param float setup_epochs: passes over the data before sampling (warm start, information
+        rows, Newton passes, the control-variate centre).
+    :param float newton_step: length, in posterior sds, of the Newton step that polished the
+        warm start's mode.
+    :param int num_data: ``n``.
+    :param dict mode: unconstrained mode (``init_params`` for ``MCMC.run``).
+    :param dict constrained_mode: the mode in constrained space.
+    :param information: the :class:`~numpyro_sgmc.fisher.Information` at the mode.
+    :param warm_start: the :class:`~numpyro_sgmc.warmstart.WarmStart` run.
+    :param layout: the :class:`~numpyro_sgmc.model.Layout` of the unconstrained vector.
+    :param list constrained_layout: ``[(site, start, stop, shape)]`` of the constrained sites.
+    :param dict transforms: site -> the transform from unconstrained to constrained values.
+    :param list alternatives: ``(row, mixing_epochs or message)`` of every row considered.
+    :param prediction_error: ``(d,)`` relative standard error of the predicted standard
+        deviations: the rows used for ``J`` and ``I``, for a diagonal ``J`` its probes and the
+        correlations it leaves out, and the log posterior's distance from a quadratic
+        (:func:`~numpyro_sgmc.laplace.fit`).
+    :param list nonlinearity: the log posterior along the target's widest directions against
+        the quadratic the predictions assume (:class:`~numpyro_sgmc.laplace.Nonlinearity`).
+    :param correlations: for a diagonal ``J``, the :class:`~numpyro_sgmc.laplace.Correlations`
+        it leaves out: ``covariance`` is inflated by them and ``drift`` slowed (``None`` for a
+        dense ``J``).
+    """
+
+    row: str
+    algorithm: str
+    target: str
+    weights: tuple
+    step_size: float
+    batch_size: dict
+    inverse_temperature: float
+    preconditioner: object
+    noise_preconditioner: Optional[object]
+    control_variates: bool
+    num_steps: int
+    target_covariance: object
+    covariance: object
+    constrained_covariance: Optional[np.ndarray]
+    autocorrelation_iterations: np.ndarray
+    mixing_iterations: float
+    mixing_epochs: float
+    gradient_evaluations_per_iteration: int
+    setup_epochs: float
+    newton_step: float
+    num_data: int
+    mode: dict
+    constrained_mode: dict
+    information: object
+    warm_start: object
+    layout: object
+    constrained_layout: list
+    transforms: dict
+    alternatives: list = []
+    prediction_error: Optional[np.ndarray] = None
+    nonlinearity: list = []
+    correlations: Optional[object] = None
+
+    @property
+    def drift(self):
+        """``F = I - (h/2)ΓJ``: the linearised chain ``δ' = Fδ + noise`` (§3). For a diagonal
+        ``J``, each parameter's effective ``1 - (h/2)/c_j``, ``c_j`` its concentration on the
+        slow directions the diagonal leaves out (:class:`~numpyro_sgmc.laplace.Correlations`)."""
+        if self.correlations is not None:
+            rate = 1.0 / np.asarray(self.correlations.concentration, np.float64)
+            return scales.Diagonal(1.0 - 0.5 * self.step_size * rate)
+        J = self.information.potential_curvature
+        F = self.preconditioner @ J
+        return scales.Diagonal(np.ones(self.layout.size)) - F * (0.5 * self.step_size)
+
+    def autocorrelation_per_draw(self, thinning: int = 1) -> np.ndarray:
+        """Predicted per-parameter integrated autocorrelation time of the collected draws.
+
+        A kept draw is every ``k = num_steps · thinning``-th iterate, so the lag-``j``
+        autocovariance is that of lag ``j·k`` iterations:
+        ``theory.autocorrelation_times(F^k, Σ)``.
+        """
+        Fk = scales.matrix_power(self.drift, self.num_steps * int(thinning))
+        return autocorrelation_times(Fk, self.covariance)
+
+    def draws_for(self, ess: float) -> int:
+        """Draws (per chain, ``num_samples``) for an effective sample size ``ess`` of every
+        parameter."""
+        return int(math.ceil(ess * float(np.max(self.autocorrelation_per_draw()))))
+
+    def epochs_for(self, ess: float) -> float:
+        """Epochs of gradient work (per chain) for an effective sample size ``ess``."""
+        iterations = self.draws_for(ess) * self.num_steps
+        return iterations * self.gradient_evaluations_per_iteration / self.num_data
+
+    def total_epochs(self, ess: float) -> float:
+        """Setup plus sampling epochs (per chain) for an effective sample size ``ess``."""
+        return self.setup_epochs + self.epochs_for(ess)
+
+    @property
+    def predicted_sd(self) -> np.ndarray:
+        """``(d,)`` predicted standard deviation of each unconstrained parameter."""
+        return np.sqrt(np.asarray(self.covariance.diagonal(), np.float64))
+
+    def __str__(self) -> str:
+        b = ", ".join(f"{k}: {v}" for k, v in self.batch_size.items())
+        w1, w2 = self.weights
+        info = self.information
+        lines = [
+            f"Autotuned {self.algorithm} (Table 1 row {self.row}) for target '{self.target}' "
+            f"(Q = {w1:g}·S + {w2:g}·J⁻¹), n = {self.num_data}",
+            f"  step size h = {self.step_size:.4g}, batch size b = {b}, "
+            f"inverse temperature β = {self.inverse_temperature:.6g}, "
+            f"control variates: {self.control_variates}, {self.num_steps} iterations per draw",
+            f"  predicted mixing: {self.mixing_iterations:.3g} iterations = "
+            f"{self.mixing_epochs:.3g} epochs; per-draw autocorrelation time "
+            f"{self.autocorrelation_per_draw().max():.3g}",
+            f"  information ({info.kind}) from {info.num_rows} rows: "
+            f"cond(J) = {info.condition_numbers['J']:.3g}, "
+            f"cond(I) = {info.condition_numbers['I']:.3g}; warm-start mode moved "
+            f"{self.newton_step:.2g} posterior sd by a Newton step",
+        ]
+        if self.prediction_error is not None:
+            lines.append(
+                f"  prediction error: predicted sds within "
+                f"±{100 * np.max(self.prediction_error):.2g}% (one standard error: the "
+                "information rows and the distance from a Gaussian)"
+            )
+        free = info.data_free
+        if np.any(free):
+            names = sorted(
+                {n.split("[")[0] for n, f in zip(self.layout.names(), free, strict=True) if f}
+            )
+            lines.append(
+                f"  no per-datum gradient: {', '.join(names)} (I = 0 there; their uncertainty "
+                "is the conditional posterior's, docs/theory.md §4)"
+            )
+        for f in self.nonlinearity:
+            if not 0.95 <= f.sd_ratio <= 1.05:
+                lines.append(
+                    f"  far from Gaussian along {f.label}: the log posterior's profile is "
+                    f"{f.sd_ratio:.3g}x as wide as the quadratic's (counted in the error)"
+                )
+        others = [(r, why) for r, why in self.alternatives if r != self.row]
+        for r, why in others:
+            cost = f"mixes in {why:.3g} epochs" if isinstance(why, float) else why
+            lines.append(f"  row {r}: {cost}")
+        lines.append("  predicted sd (unconstrained):")
+        sd = self.predicted_sd
+        for name, start, stop, _ in self.layout.sites:
+            values = " ".join(f"{v:.4g}" for v in sd[start:stop][:8])
+            more = " ..." if stop - start > 8 else ""
+            lines.append(f"    {name:<20} {values}{more}")
+        lines.append(
+            f"  ESS 1000 needs {self.draws_for(1000)} draws = {self.epochs_for(1000):.3g} epochs "
+            f"of sampling, after {self.setup_epochs:.3g} epochs of setup"
+        )
+        return "\n".join(lines)

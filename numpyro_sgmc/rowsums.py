@@ -1,0 +1,222 @@
+"""Sums over the rows of a plate, in chunks and groups: the compiled passes behind
+:mod:`numpyro_sgmc.fisher`.
+
+How the per-datum terms are isolated. With a :class:`~numpyro_sgmc.subsample.Batch` carrying
+per-index weights ``w`` and a ``global_weight`` ``g`` the potential is
+``U(z; w, g) = -Σ_i w_i l(z; X_i) + g·(global terms)``, linear in ``w``. So for a chunk of rows
+``Σ_i w_i (-∇²l_i) = ∇²[U(w, g=0) - U(w=0, g=0)]`` and
+``∇l_i = -[∇U(w=e_i, g=0) - ∇U(w=0, g=0)]``: every global term (prior, Jacobians) cancels
+exactly, and nothing here writes a likelihood by hand.
+
+A pass visits ``count`` rows in ``C`` chunks (a ``lax.scan``, the last chunk padded with
+weight-0 rows), so memory is ``O(chunk · d)`` for the per-datum gradients plus the sums, whatever
+``n``. Chunk ``c`` belongs to group ``c mod G``: the sums are kept per group, which is what the
+jackknife error of :meth:`~numpyro_sgmc.fisher.Information.jackknife` needs. The passes are
+module-level functions of the model's :class:`~numpyro_sgmc.model.ModelSpec` (static) and the
+data (arguments), so a second call on data of the same shapes compiles nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from numpyro_sgmc.model import potential
+from numpyro_sgmc.subsample import Batch
+
+__all__ = ["PlateSums", "fisher_diagonal", "global_terms", "plate_sums", "probe_spread"]
+
+GROUPS = 8  # jackknife groups of rows
+# elements of the largest intermediate one vmapped slice may hold (per-datum gradients, probes)
+VMAP_ELEMENTS = 2**22
+
+
+class PlateSums(NamedTuple):
+    """Per-group sums over the rows of one plate (group axis first), as NumPy float64.
+
+    :param hessian: ``Σ_i w_i (-∇²l_i)`` per group: ``(G, d, d)``, or, diagonal, ``(G, K, d)``
+        Hutchinson terms ``v_k ⊙ (Σ_i -∇²l_i) v_k`` per probe ``k``.
+    :param gradient: ``Σ_i (∇l_i - shift)`` per group, ``(G, d)``.
+    :param outer: ``Σ_i (∇l_i - shift)(∇l_i - shift)ᵀ`` per group, ``(G, d, d)`` or ``(G, d)``.
+    :param count: rows per group, ``(G,)``.
+    :param shift: the first chunk's mean gradient (a one-pass, centred covariance), ``(d,)``.
+    :param bool finite: whether every per-datum gradient was finite.
+    """
+
+    hessian: np.ndarray
+    gradient: np.ndarray
+    outer: np.ndarray
+    count: np.ndarray
+    shift: np.ndarray
+    finite: bool
+
+
+def weights_batch(spec, name, idx, w):
+    """A batch with rows ``idx`` (weights ``w``) of plate ``name`` and none of the others."""
+    dtype = jnp.result_type(float)
+    others = [p.name for p in spec.plates if p.name != name]
+    indices = {q: jnp.zeros(1, jnp.int32) for q in others}
+    weights = {q: jnp.zeros(1, dtype) for q in others}
+    if name is not None:
+        indices[name], weights[name] = idx, w
+    return Batch(indices, weights, 0.0)
+
+
+def flat_potential(spec, structure, layout, zf, batch, arrays):
+    args, kwargs = structure.rebuild(arrays)
+    return potential(spec, layout.unravel(zf), batch, args, kwargs)
+
+
+def _kahan(acc, x):
+    """Compensated summation, so float32 sums over many chunks keep float32 accuracy."""
+    total, comp = acc
+    y = jax.tree.map(jnp.subtract, x, comp)
+    t = jax.tree.map(jnp.add, total, y)
+    comp = jax.tree.map(lambda t, s, y: (t - s) - y, t, total, y)
+    return t, comp
+
+
+def _probe_terms(fn, zf, probes):
+    """Hutchinson terms ``v ⊙ (∇²fn) v`` for every probe ``v``: ``(K, d)``."""
+    grad_fn = jax.grad(fn)
+
+    def one(v):
+        return v * jax.jvp(grad_fn, (zf,), (v,))[1]
+
+    inner = max(1, min(probes.shape[0], VMAP_ELEMENTS // max(zf.shape[0], 1)))
+    if inner >= probes.shape[0]:
+        return jax.vmap(one)(probes)
+    return lax.map(one, probes, batch_size=inner)
+
+
+def _datum_gradients(spec, structure, layout, name, zf, idx, arrays):
+    """``∇l(z; X_row)`` for every row of ``idx``: ``(len(idx), d)``."""
+    dtype = zf.dtype
+    U = lambda z, batch: flat_potential(spec, structure, layout, z, batch, arrays)  # noqa: E731
+    base = jax.grad(U)(zf, weights_batch(spec, name, jnp.zeros(1, jnp.int32), jnp.zeros(1, dtype)))
+
+    def one(row):  # -[∇U(w = e_row, g = 0) - ∇U(w = 0, g = 0)]
+        return base - jax.grad(U)(zf, weights_batch(spec, name, row[None], jnp.ones(1, dtype)))
+
+    inner = max(1, min(idx.shape[0], VMAP_ELEMENTS // max(zf.shape[0], 1)))
+    if inner >= idx.shape[0]:
+        return jax.vmap(one)(idx)
+    return lax.map(one, idx, batch_size=inner)
+
+
+@partial(jax.jit, static_argnames=("spec", "structure", "layout"))
+def fisher_diagonal(spec, structure, layout, zf, rows, arrays):
+    """``Σ_p (n_p/n) mean_{i∈rows_p} (∇l_i)²``: the empirical Fisher information's diagonal per
+    datum at ``zf``, over the rows ``rows`` (plate name -> indices)."""
+    n = spec.num_data
+    total = jnp.zeros_like(zf)
+    for p in spec.plates:
+        g = _datum_gradients(spec, structure, layout, p.name, zf, rows[p.name], arrays)
+        total = total + (p.size / n) * jnp.mean(g**2, axis=0)
+    return total
+
+
+@partial(jax.jit, static_argnames=("spec", "structure", "layout", "kind"))
+def global_terms(spec, structure, layout, kind, zf, probes, arrays):
+    """Gradient and curvature (``(d, d)``, or Hutchinson terms ``(K, d)``) of the global
+    terms (prior, Jacobians, global observations): ``U(w=0, g=1)``."""
+    batch = weights_batch(spec, None, None, None)._replace(global_weight=1.0)
+    fn = lambda z: flat_potential(spec, structure, layout, z, batch, arrays)  # noqa: E731
+    curvature = jax.hessian(fn)(zf) if kind == "dense" else _probe_terms(fn, zf, probes)
+    return jax.grad(fn)(zf), curvature
+
+
+def _chunking(count: int, chunk: int) -> tuple:
+    """``(num_chunks, length)``: at least one chunk per jackknife group when rows allow."""
+    num_chunks = max(math.ceil(count / chunk), min(GROUPS, count))
+    return num_chunks, math.ceil(count / num_chunks)
+
+
+@partial(
+    jax.jit,
+    static_argnames=("spec", "structure", "layout", "kind", "name", "count", "full", "chunk"),
+)
+def _sums(spec, structure, layout, kind, name, count, full, chunk, zf, rows, probes, arrays):
+    dtype, d = zf.dtype, zf.shape[0]
+    num_chunks, length = _chunking(count, chunk)
+    U = lambda z, batch: flat_potential(spec, structure, layout, z, batch, arrays)  # noqa: E731
+    base = weights_batch(spec, name, jnp.zeros(1, jnp.int32), jnp.zeros(1, dtype))
+
+    def chunk_of(c):
+        pos = c * length + jnp.arange(length)
+        valid = pos < count
+        pos = jnp.where(valid, pos, 0)
+        idx = pos if full else rows[pos]
+        w = valid.astype(dtype)
+        batch = weights_batch(spec, name, idx, w)
+        return idx, w, lambda z: U(z, batch) - U(z, base)  # -Σ_i w_i l(z; X_i)
+
+    idx0, w0, _ = chunk_of(0)
+    grads0 = _datum_gradients(spec, structure, layout, name, zf, idx0, arrays)
+    shift = jnp.sum(grads0 * w0[:, None], 0) / jnp.sum(w0)  # a centred, one-pass covariance
+
+    def body(acc, c):
+        sums, comp, finite = acc
+        idx, w, data_part = chunk_of(c)
+        if kind == "dense":
+            hess = jax.hessian(data_part)(zf)
+        else:
+            hess = _probe_terms(data_part, zf, probes)
+        grads = _datum_gradients(spec, structure, layout, name, zf, idx, arrays)
+        dg = (grads - shift) * w[:, None]
+        outer = dg.T @ dg if kind == "dense" else jnp.sum(dg**2, 0)
+        g = c % GROUPS
+        part = (hess, jnp.sum(dg, 0), outer, jnp.sum(w))
+        sums, comp = _kahan(
+            (sums, comp), jax.tree.map(lambda a, x: jnp.zeros_like(a).at[g].set(x), sums, part)
+        )
+        return (sums, comp, finite & jnp.all(jnp.isfinite(grads))), None
+
+    K = 0 if probes is None else probes.shape[0]
+    shapes = ((d, d) if kind == "dense" else (K, d), (d,), (d, d) if kind == "dense" else (d,), ())
+    zeros = tuple(jnp.zeros((GROUPS,) + s, dtype) for s in shapes)
+    (sums, _, finite), _ = lax.scan(body, (zeros, zeros, jnp.array(True)), jnp.arange(num_chunks))
+    return sums, shift, finite
+
+
+def plate_sums(
+    spec, structure, layout, kind, name, count, full, chunk, zf, rows, probes, arrays
+) -> PlateSums:
+    """The per-group sums over ``count`` rows of plate ``name`` (all when ``full``, else the
+    row indices ``rows``), as NumPy float64."""
+    (hess, grad, outer, counts), shift, finite = _sums(
+        spec, structure, layout, kind, name, count, full, chunk, zf, rows, probes, arrays
+    )
+    as64 = lambda x: np.asarray(x, np.float64)  # noqa: E731
+    return PlateSums(as64(hess), as64(grad), as64(outer), as64(counts), as64(shift), bool(finite))
+
+
+@partial(jax.jit, static_argnames=("spec", "structure", "layout", "kind", "name"))
+def _spread(spec, structure, layout, kind, name, zf, deltas, rows, weights, arrays):
+    base = _datum_gradients(spec, structure, layout, name, zf, rows, arrays)
+    total = jnp.sum(weights)
+
+    def one(delta):
+        u = _datum_gradients(spec, structure, layout, name, zf + delta, rows, arrays) - base
+        u = u - jnp.sum(u * weights[:, None], 0) / total
+        u = u * jnp.sqrt(weights)[:, None]
+        return (u.T @ u if kind == "dense" else jnp.sum(u**2, 0)) / total
+
+    return jnp.mean(lax.map(one, deltas), axis=0)
+
+
+def probe_spread(spec, structure, layout, kind, name, zf, deltas, rows, arrays) -> np.ndarray:
+    """``M̂ = mean_k Cov_i[∇l_i(θ̂ + δ_k) - ∇l_i(θ̂)]`` over the rows ``rows`` of plate ``name``
+    and the probes ``deltas`` (``(K, d)``, drawn from the law the chain samples): the
+    per-datum-Hessian noise that control variates leave, ``M(Σ) = (1/n)Σ_i H_iΣH_i - H̄ΣH̄`` of
+    ``docs/theory.md`` §3 when the gradient is linear over the probes, and the exact noise of
+    the estimate at those points when it is not. ``(d, d)``, or its diagonal."""
+    weights = jnp.ones(rows.shape[0], zf.dtype)
+    out = _spread(spec, structure, layout, kind, name, zf, deltas, rows, weights, arrays)
+    return np.asarray(out, np.float64)

@@ -1,0 +1,340 @@
+"""Bad input, caught before anything compiles: array-likes, option values and the data.
+
+Every entry point that takes data (a kernel's ``init`` under ``numpyro.infer.MCMC``,
+:func:`~numpyro_sgmc.run_kernel`, :func:`~numpyro_sgmc.autotune`) passes the model arguments
+through :func:`as_arrays` once: pandas objects, lists of numbers and NumPy arrays of any
+numeric dtype become NumPy arrays of JAX's dtype (``float32``, ``int32`` by default), so that
+no compiled call converts them again. :func:`~numpyro_sgmc.model.prepare_model` then checks
+the data once, on the model's first trace, with :func:`check_finite_data` (one chunked pass:
+a NaN or an infinite value makes the gradient of every batch that holds it non-finite,
+``docs/theory.md`` §1). The option checks (:func:`positive_int`, :func:`positive_number`, ...)
+reject a wrong type or an out-of-range value with the argument's name.
+
+Every message names the argument, the problem and the fix; ``docs/bad-input.md`` lists them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from functools import partial
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from numpyro.primitives import Messenger
+from numpyro.util import not_jax_tracer
+
+__all__ = [
+    "argument_labels",
+    "as_arrays",
+    "check_finite_data",
+    "check_types",
+    "empty_arguments",
+    "nonnegative_int",
+    "number_in",
+    "positive_int",
+    "positive_number",
+]
+
+_CHUNK_ELEMENTS = 2**22  # entries per chunk of the host pass over NumPy data (16 MB of float32)
+_DEVICE_CHUNK_ELEMENTS = 2**20  # and of the compiled pass over a JAX array (4 MB of float32)
+
+
+# ---- option values ------------------------------------------------------------------------
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+        value, (bool, np.bool_)
+    )
+
+
+def positive_int(name: str, value, allow_none: bool = False):
+    """``value`` as an ``int`` ``>= 1`` (or ``None`` when ``allow_none``); else a ``TypeError``
+    (not an integer) or a ``ValueError`` (out of range) naming ``name``."""
+    if value is None and allow_none:
+        return None
+    if not _is_int(value):
+        raise TypeError(
+            f"{name} must be a positive int{' or None' if allow_none else ''}, got {value!r}."
+        )
+    if value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}.")
+    return int(value)
+
+
+def nonnegative_int(name: str, value):
+    """``value`` as an ``int`` ``>= 0``; else a ``TypeError`` or ``ValueError`` naming ``name``."""
+    if not _is_int(value):
+        raise TypeError(f"{name} must be a non-negative int, got {value!r}.")
+    if value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}.")
+    return int(value)
+
+
+def positive_number(name: str, value, allow_none: bool = False, allow_inf: bool = False):
+    """``value`` as a ``float`` ``> 0`` (finite unless ``allow_inf``), or ``None`` when
+    ``allow_none``; a string, a bool or an array is a ``TypeError`` naming ``name``."""
+    if value is None and allow_none:
+        return None
+    if not _is_number(value):
+        raise TypeError(
+            f"{name} must be a positive number{' or None' if allow_none else ''}, got {value!r}."
+        )
+    x = float(value)
+    if not (x > 0 and (allow_inf or math.isfinite(x))):
+        raise ValueError(
+            f"{name} must be positive{'' if allow_inf else ' and finite'}, got {value!r}."
+        )
+    return x
+
+
+def number_in(name: str, value, low: float, high: float):
+    """``value`` as a ``float`` in the open interval ``(low, high)``."""
+    if not _is_number(value):
+        raise TypeError(f"{name} must be a number in ({low:g}, {high:g}), got {value!r}.")
+    x = float(value)
+    if not low < x < high:
+        raise ValueError(f"{name} must be in ({low:g}, {high:g}), got {value!r}.")
+    return x
+
+
+# ---- array-likes ----------------------------------------------------------------------------
+
+
+def _model_function(model: Callable) -> Callable:
+    """The user's function under NumPyro handlers (``seed(model)``, ``condition(model)``...)."""
+    while isinstance(model, Messenger) and model.fn is not None:
+        model = model.fn
+    return model
+
+
+def argument_labels(model: Callable, model_args: tuple, model_kwargs: dict) -> tuple:
+    """``(positional, keyword)``: how a message names each model argument, e.g.
+    ``"argument 'X' (position 0)"``, from the model's signature where it has one."""
+    try:
+        parameters = list(inspect.signature(_model_function(model)).parameters.values())
+    except (TypeError, ValueError):
+        parameters = []
+    positional = []
+    for k in range(len(model_args)):
+        p = parameters[k] if k < len(parameters) else None
+        named = p is not None and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        positional.append(f"argument '{p.name}' (position {k})" if named else f"argument {k}")
+    keyword = {name: f"argument '{name}'" for name in model_kwargs}
+    return tuple(positional), keyword
+
+
+def _labelled(model: Callable, model_args: tuple, model_kwargs: dict) -> list:
+    """``[(label, value), ...]`` for every model argument, positional then keyword."""
+    positional, keyword = argument_labels(model, model_args, model_kwargs)
+    return list(zip(positional, model_args, strict=True)) + [
+        (keyword[k], v) for k, v in model_kwargs.items()
+    ]
+
+
+def _is_pandas(x) -> bool:
+    return type(x).__module__.split(".")[0] == "pandas"
+
+
+def _to_numpy(x, label: str) -> np.ndarray:
+    """One array-like (pandas, a list of numbers, an object with ``__array__``) as NumPy."""
+    if _is_pandas(x) and hasattr(x, "to_numpy"):
+        try:
+            # nullable pandas dtypes hold pd.NA: NaN here, reported by check_finite_data
+            return np.asarray(x.to_numpy(dtype=np.float64, na_value=np.nan))
+        except (TypeError, ValueError):
+            columns = getattr(x, "columns", None)
+            what = ""
+            if columns is not None:
+                bad = [str(c) for c in x.select_dtypes(exclude=["number", "bool"]).columns]
+                what = f" (non-numeric columns {bad})"
+            raise TypeError(
+                f"Model {label} is a pandas {type(x).__name__} that is not numeric{what}. The "
+                "kernels need numbers: encode categories as integers or one-hot columns "
+                "(e.g. pd.get_dummies) and drop the text columns."
+            ) from None
+    return np.asarray(x)
+
+
+def _canonical(x: np.ndarray, label: str) -> np.ndarray:
+    """A numeric NumPy array in JAX's dtype (``float32`` for ``float64`` unless x64 is on)."""
+    if x.dtype.kind not in "biufc":
+        raise TypeError(
+            f"Model {label} has dtype {x.dtype} ({_KINDS.get(x.dtype.kind, 'not numeric')}); "
+            "the kernels need a numeric array. Convert it to numbers first (encode categories "
+            "as integers or one-hot columns, parse dates into numbers)."
+        )
+    dtype = jax.dtypes.canonicalize_dtype(x.dtype)
+    return x if x.dtype == dtype else x.astype(dtype)
+
+
+_KINDS = {"O": "Python objects", "U": "strings", "S": "bytes", "M": "dates", "m": "durations"}
+
+
+def _convert(x, label: str):
+    if isinstance(x, jax.Array) or not not_jax_tracer(x):
+        return x
+    if isinstance(x, np.ndarray):
+        return _canonical(x, label)
+    if isinstance(x, list):
+        try:
+            array = np.asarray(x)
+        except ValueError:  # ragged: not an array
+            return x
+        return _canonical(array, label) if array.dtype.kind in "biufc" and array.ndim else x
+    if hasattr(x, "__array__") and not isinstance(x, np.generic):
+        return _canonical(_to_numpy(x, label), label)
+    return x
+
+
+def as_arrays(model: Callable, model_args, model_kwargs) -> tuple:
+    """``(model_args, model_kwargs)`` with every array-like top-level argument converted once.
+
+    A pandas ``DataFrame``/``Series``, a list of numbers (nested lists: a rectangular array)
+    or anything with ``__array__`` becomes a NumPy array; a NumPy array of a dtype JAX does not
+    use (``float64``, ``int64`` without x64) is cast to JAX's (``float32``, ``int32``), which
+    JAX would otherwise do on every compiled call. JAX arrays, tuples, dicts and scalars are
+    left as they are.
+
+    :raises TypeError: an argument of strings, dates or Python objects (a non-numeric column).
+    """
+    model_args = tuple(model_args)
+    model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
+    positional, keyword = argument_labels(model, model_args, model_kwargs)
+    args = tuple(_convert(x, label) for x, label in zip(model_args, positional, strict=True))
+    kwargs = {k: _convert(v, keyword[k]) for k, v in model_kwargs.items()}
+    return args, kwargs
+
+
+def check_types(model: Callable, model_args: tuple, model_kwargs: dict):
+    """Reject the array-likes :func:`as_arrays` converts, where nothing converted them: the
+    compiled functions that take the data cannot take a pandas object."""
+    labelled = _labelled(model, model_args, model_kwargs)
+    for label, x in labelled:
+        if _is_pandas(x):
+            raise TypeError(
+                f"Model {label} is a pandas {type(x).__name__}; pass a NumPy array "
+                "(x.to_numpy()), or run through MCMC, run_kernel or autotune, which convert it."
+            )
+        if isinstance(x, np.ndarray) and x.dtype.kind not in "biufc":
+            _canonical(x, label)
+
+
+# ---- the data -----------------------------------------------------------------------------
+
+
+@jax.jit
+def _nonfinite_rows(x):
+    """``(rows with a non-finite entry, the first of them)`` along the leading axis, in one
+    reduction (for an array sharded over several devices: each reduces its own rows)."""
+    bad = ~jnp.all(jnp.reshape(jnp.isfinite(x), (x.shape[0], -1)), axis=1)
+    return jnp.sum(bad), jnp.argmax(bad)
+
+
+@partial(jax.jit, static_argnames=("rows",))
+def _nonfinite_rows_chunked(x, rows):
+    """:func:`_nonfinite_rows` over chunks of ``rows`` rows, so that no temporary of the
+    array's size is made (the whole-array reduction materialises ``isfinite(x)``)."""
+    n = x.shape[0]
+    flat = jnp.reshape(x, (n, -1))
+
+    def body(c, carry):
+        count, first = carry
+        start = jnp.minimum(c * rows, n - rows)  # the last chunk overlaps the one before it
+        index = start + jnp.arange(rows)
+        chunk = lax.dynamic_slice_in_dim(flat, start, rows)
+        bad = ~jnp.all(jnp.isfinite(chunk), axis=1) & (index >= c * rows)
+        first = jnp.minimum(first, jnp.min(jnp.where(bad, index, n)))
+        return count + jnp.sum(bad), first
+
+    return lax.fori_loop(0, -(-n // rows), body, (jnp.zeros((), jnp.int32), jnp.int32(n)))
+
+
+def _count_nonfinite(x) -> tuple:
+    """``(count, first)`` of rows with a NaN or an infinite entry, in one pass over ``x``:
+    chunks of NumPy data on the host; one fused reduction for a JAX array where it lies."""
+    if x.ndim == 0:
+        finite = bool(np.isfinite(np.asarray(x)))
+        return (0, 0) if finite else (1, 0)
+    if x.shape[0] == 0 or x.size == 0:
+        return 0, 0
+    per_row = max(1, x.size // x.shape[0])
+    if isinstance(x, jax.Array):
+        rows = max(1, _DEVICE_CHUNK_ELEMENTS // per_row)
+        if len(x.sharding.device_set) > 1 or rows >= x.shape[0]:
+            count, first = _nonfinite_rows(x)
+        else:
+            count, first = _nonfinite_rows_chunked(x, rows)
+        return int(count), (int(first) if count else 0)
+    rows = max(1, _CHUNK_ELEMENTS // per_row)
+    count, first = 0, None
+    for start in range(0, x.shape[0], rows):
+        chunk = x[start : start + rows]
+        bad = ~np.isfinite(chunk).reshape(len(chunk), -1).all(axis=1)
+        found = int(np.count_nonzero(bad))
+        if found and first is None:
+            first = start + int(np.argmax(bad))
+        count += found
+    return count, (0 if first is None else first)
+
+
+def _keep_hint(name: str, ndim: int) -> str:
+    if ndim <= 1:
+        return f"keep = np.isfinite({name})"
+    if ndim == 2:
+        return f"keep = np.isfinite({name}).all(axis=1)"
+    return f"keep = np.isfinite({name}).reshape(len({name}), -1).all(axis=1)"
+
+
+def check_finite_data(model: Callable, model_args: tuple, model_kwargs: dict):
+    """Every floating-point array among the model arguments is finite (one chunked pass).
+
+    A NaN or an infinite datum makes the gradient estimate non-finite on every batch that
+    holds it (``docs/theory.md`` §1): the kernels would reject those steps, which biases the
+    chain, and the warm start's optimizer would diverge. Traced arguments (inside a ``jit``)
+    are not checked.
+
+    :raises ValueError: naming the argument, how many rows hold non-finite values, the first
+        of them, and how to drop or impute them.
+    """
+    labelled = _labelled(model, model_args, model_kwargs)
+    for label, value in labelled:
+        for path, x in jax.tree_util.tree_flatten_with_path(value)[0]:
+            if not hasattr(x, "dtype") or not not_jax_tracer(x):
+                continue
+            if not jnp.issubdtype(x.dtype, jnp.inexact):
+                continue
+            count, first = _count_nonfinite(x)
+            if not count:
+                continue
+            where = label + (f", entry {jax.tree_util.keystr(path)}" if path else "")
+            name = label.split("'")[1] if "'" in label else "x"
+            rows = x.shape[0] if x.ndim else 1
+            raise ValueError(
+                f"Model {where} has NaN or infinite values in {count} of its {rows} rows "
+                f"(the first at row {first}). A non-finite datum makes the gradient of every "
+                "batch that holds it non-finite, so the kernels would reject those steps (a "
+                "biased chain) and the optimizer of autotune would diverge; no step size "
+                "fixes it. Drop those rows from every per-row array before sampling, e.g. "
+                f"`{_keep_hint(name, x.ndim)}` and pass X[keep], y[keep], or impute the "
+                "missing values (e.g. with each column's mean)."
+            )
+
+
+def empty_arguments(model: Callable, model_args: tuple, model_kwargs: dict) -> Optional[str]:
+    """The model arguments with no rows (leading dimension 0), as a phrase, or ``None``."""
+    labelled = _labelled(model, model_args, model_kwargs)
+    empty = [
+        f"{label} has shape {tuple(np.shape(x))}"
+        for label, x in labelled
+        if hasattr(x, "shape") and np.ndim(x) >= 1 and np.shape(x)[0] == 0
+    ]
+    return "; ".join(empty) if empty else None

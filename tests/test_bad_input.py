@@ -1,0 +1,353 @@
+"""Every common mistake gets a message that names it and the fix (``docs/bad-input.md``).
+
+One test per row of the bad-input table; each asserts what the message says. The data
+errors are raised on the model's first trace, before anything compiles.
+"""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pandas as pd
+import pytest
+from numpyro.infer import MCMC
+
+from numpyro_sgmc import SGD, SGHMC, SGLD, AdaSGHMC, Dense, autotune, run_kernel, warm_start
+from numpyro_sgmc.diagnostics import DivergenceWarning, PerformanceWarning, StepSizeWarning
+from problems import make_linear_regression
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return make_linear_regression(n=5000)
+
+
+def run(kernel, *data, num_samples=2, **kwargs):
+    mcmc = MCMC(kernel, num_warmup=0, num_samples=num_samples, progress_bar=False)
+    mcmc.run(jax.random.key(0), *data, **kwargs)
+    return mcmc
+
+
+def regression(X, y):
+    """A linear regression whose plate takes its size from the data."""
+    theta = numpyro.sample("theta", dist.Normal(0.0, 10.0).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=100):
+        Xb = numpyro.subsample(X, event_dim=1)
+        numpyro.sample("y", dist.Normal(Xb @ theta, 1.0), obs=numpyro.subsample(y, event_dim=0))
+
+
+# ---- the data -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rows", [[17], list(range(3, 5000, 50))], ids=["one", "two-percent"])
+def test_nan_labels_are_named_with_their_rows_before_sampling(problem, rows):
+    y = np.array(problem.y)
+    y[rows] = np.nan
+    with pytest.raises(ValueError) as err:
+        run(SGLD(regression, 1e-3), problem.X, y)
+    message = str(err.value)
+    assert (
+        f"argument 'y' (position 1) has NaN or infinite values in {len(rows)} of its 5000 rows"
+        in message
+    )
+    assert f"the first at row {rows[0]}" in message
+    assert "keep = np.isfinite(y)" in message and "impute" in message
+    assert "no step size fixes it" in message
+
+
+def test_nan_covariates_and_autotune(problem):
+    X = np.array(problem.X)
+    X[4321, 2] = np.inf
+    with pytest.raises(ValueError) as err:
+        autotune(regression, jax.random.key(0), X, problem.y)
+    message = str(err.value)
+    assert "argument 'X' (position 0) has NaN or infinite values in 1 of its 5000 rows" in message
+    assert "the first at row 4321" in message
+    assert "keep = np.isfinite(X).all(axis=1)" in message
+    assert "optimizer of autotune would diverge" in message
+
+
+def test_more_rows_in_a_batch_than_in_the_data(problem):
+    with pytest.raises(ValueError) as err:
+        run(SGLD(regression, 1e-3), problem.X[:50], problem.y[:50])
+    message = str(err.value)
+    assert "Plate 'data' has 50 rows but subsample_size=100" in message
+    assert "subsample_size=min(100, X.shape[0])" in message
+    assert "full-data gradients" in message
+
+
+def test_batch_of_all_rows_is_full_data_gradients(problem):
+    X, y = problem.X[:100], problem.y[:100]
+    kernel = SGD(regression, 1e-2, num_steps=5)
+    start = {"theta": jnp.zeros(3)}
+    first = run(kernel, X, y, init_params=start).get_samples()["theta"]
+    assert kernel.plates["data"].batch_size == kernel.plates["data"].size == 100
+    # SGD injects no noise: with the full data in every batch, another key gives the same chain
+    again = MCMC(kernel, num_warmup=0, num_samples=2, progress_bar=False)
+    again.run(jax.random.key(5), X, y, init_params=start)
+    np.testing.assert_array_equal(again.get_samples()["theta"], first)
+
+
+def test_no_rows(problem):
+    with pytest.raises(ValueError) as err:
+        run(SGLD(regression, 1e-3), problem.X[:0], problem.y[:0])
+    message = str(err.value)
+    assert "A numpyro.plate of the model has size 0: there are no data to sample from" in message
+    assert "argument 'X' (position 0) has shape (0, 3)" in message
+
+
+def test_plate_longer_than_the_data_it_indexes(problem):
+    def indexing(X, y):
+        theta = numpyro.sample("theta", dist.Normal(0.0, 10.0).expand([3]).to_event(1))
+        with numpyro.plate("data", 8000, subsample_size=100) as idx:
+            numpyro.sample("y", dist.Normal(X[idx] @ theta, 1.0), obs=y[idx])
+
+    with pytest.raises(ValueError) as err:
+        run(SGLD(indexing, 1e-3), problem.X, problem.y)
+    message = str(err.value)
+    assert "indexes an array past its end with the indices of subsample plate 'data'" in message
+    assert "out-of-bounds indexing for array of shape (5000, 3)" in message
+    assert "JAX clamps such indices" in message
+
+
+def test_plate_whose_size_is_not_the_subsampled_data_length(problem):
+    def fixed_size(X, y):
+        theta = numpyro.sample("theta", dist.Normal(0.0, 10.0).expand([3]).to_event(1))
+        with numpyro.plate("data", 8000, subsample_size=100):
+            Xb = numpyro.subsample(X, event_dim=1)
+            numpyro.sample("y", dist.Normal(Xb @ theta, 1.0), obs=numpyro.subsample(y, 0))
+
+    with pytest.raises(ValueError) as err:
+        run(SGLD(fixed_size, 1e-3), problem.X, problem.y)
+    message = str(err.value)
+    assert "Plate 'data' has size 8000" in message
+    assert "argument 'X' (position 0) of shape (5000, 3) subsamples its axis 0" in message
+    assert "numpyro.plate('data', X.shape[0], ...)" in message
+
+
+def test_forgotten_subsample(problem):
+    def whole(X, y):
+        theta = numpyro.sample("theta", dist.Normal(0.0, 10.0).expand([3]).to_event(1))
+        with numpyro.plate("data", X.shape[0], subsample_size=100):
+            numpyro.sample("y", dist.Normal(X @ theta, 1.0), obs=y)
+
+    with pytest.raises(ValueError) as err:
+        run(SGLD(whole, 1e-3), problem.X, problem.y)
+    message = str(err.value)
+    assert "Site 'y' inside subsample plate 'data' (size 5000, subsample_size 100)" in message
+    assert "an array with all 5000 rows is used inside the plate" in message
+    assert "Xb = numpyro.subsample(X, event_dim=1)" in message
+
+
+def test_likelihood_outside_the_subsample_plate(problem):
+    def outside(X, y):
+        theta = numpyro.sample("theta", dist.Normal(0.0, 10.0).expand([3]).to_event(1))
+        with numpyro.plate("data", X.shape[0], subsample_size=100):
+            pass
+        numpyro.sample("y", dist.Normal(X @ theta, 1.0).to_event(1), obs=y)
+
+    with pytest.warns(PerformanceWarning) as record:
+        SGLD(outside, 1e-3).init(jax.random.key(0), 0, None, (problem.X, problem.y), {})
+    message = str(record[0].message)
+    assert "Observed site 'y' lies outside the subsample plate 'data'" in message
+    assert "O(n) per step, not O(b)" in message
+    assert "the plate holds no observed site" in message
+    assert "information matrix I is then singular" in message
+
+
+def test_column_of_labels(problem):
+    with pytest.raises(ValueError) as err:
+        run(SGLD(regression, 1e-3), problem.X, problem.y[:, None])
+    message = str(err.value)
+    assert "argument 'y' (position 1) of shape (5000, 1) subsamples nothing" in message
+    assert "y.reshape(-1)" in message
+
+    def event_column(X, y):
+        theta = numpyro.sample("theta", dist.Normal(0.0, 10.0).expand([3]).to_event(1))
+        with numpyro.plate("data", X.shape[0], subsample_size=100):
+            Xb, yb = numpyro.subsample(X, event_dim=1), numpyro.subsample(y, event_dim=1)
+            numpyro.sample("y", dist.Normal(Xb @ theta, 1.0), obs=yb)
+
+    with pytest.raises(ValueError) as err:
+        run(SGLD(event_column, 1e-3), problem.X, problem.y[:, None])
+    message = str(err.value)
+    assert (
+        "has an observation of shape (100, 1) for a distribution of batch shape (100,)" in message
+    )
+    assert "broadcast to (100, 100)" in message
+
+
+def test_discrete_latent_site(problem):
+    def discrete(X, y):
+        theta = numpyro.sample("theta", dist.Normal(0.0, 10.0).expand([3]).to_event(1))
+        k = numpyro.sample("k", dist.Bernoulli(0.5))
+        with numpyro.plate("data", X.shape[0], subsample_size=100):
+            Xb = numpyro.subsample(X, event_dim=1)
+            numpyro.sample("y", dist.Normal(Xb @ theta + k, 1.0), obs=numpyro.subsample(y, 0))
+
+    with pytest.raises(ValueError) as err:
+        run(SGLD(discrete, 1e-3), problem.X, problem.y)
+    message = str(err.value)
+    assert "Latent site 'k' is discrete" in message
+    assert "the SG kernels sample continuous sites only" in message
+    assert "Marginalise it out" in message and "numpyro.handlers.condition" in message
+
+
+def test_pandas_lists_and_numpy_dtypes_give_the_same_draws(problem):
+    X, y = np.asarray(problem.X), np.asarray(problem.y)
+    kernel = SGLD(regression, 1e-4, num_steps=3)
+    reference = run_kernel(kernel, jax.random.key(1), X, y, num_samples=3).samples["theta"]
+    frame = pd.DataFrame(X, columns=["a", "b", "c"])
+    for data in [
+        (frame, pd.Series(y)),
+        (X.tolist(), y.tolist()),
+        (X.astype(np.float64), y.astype(np.float64)),
+    ]:
+        got = run_kernel(kernel, jax.random.key(1), *data, num_samples=3).samples["theta"]
+        np.testing.assert_allclose(got, reference, rtol=1e-6)
+    mcmc = run(kernel, frame, pd.Series(y), num_samples=3)  # MCMC(jit_model_args=False)
+    assert mcmc.get_samples()["theta"].shape == (3, 3)
+    frame["name"] = "a"
+    with pytest.raises(TypeError) as err:
+        run(kernel, frame, y)
+    assert "argument 'X' (position 0) is a pandas DataFrame that is not numeric" in str(err.value)
+    assert "non-numeric columns ['name']" in str(err.value)
+    with pytest.raises(TypeError, match="argument 'X' \\(position 0\\) is a pandas DataFrame"):
+        warm_start(regression, jax.random.key(0), frame, y)  # no conversion: a clear refusal
+
+
+def test_dense_preconditioner_with_nan(problem):
+    bad = Dense(np.diag([1.0, np.nan, 1.0]))
+    with pytest.raises(ValueError) as err:
+        run(SGLD(regression, 1e-3, preconditioner=bad), problem.X, problem.y)
+    assert "non-finite entries (NaN or inf) in row(s) [1]" in str(err.value)
+
+
+# ---- options --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda p: SGLD(regression, "0.01"), "step_size must be a positive number"),
+        (lambda p: SGLD(regression, 1e-3, init_strategy="median"), "init_strategy must be"),
+        (
+            lambda p: autotune(regression, jax.random.key(0), p.X, p.y, learning_rate=-0.1),
+            "learning_rate must be positive and finite, got -0.1",
+        ),
+        (
+            lambda p: autotune(regression, jax.random.key(0), p.X, p.y, min_batch_size=0),
+            "min_batch_size must be a positive int, got 0",
+        ),
+        (
+            lambda p: autotune(regression, jax.random.key(0), p.X, p.y, max_step="1"),
+            r"max_step \(the bound on h·λmax\(ΓJ\)\) must be a number in \(0, 4\), got '1'",
+        ),
+        (
+            lambda p: autotune(regression, jax.random.key(0), p.X, p.y, num_steps=2.5),
+            "num_steps must be a positive int or None, got 2.5",
+        ),
+        (
+            lambda p: warm_start(regression, jax.random.key(0), p.X, p.y, learning_rate="0.1"),
+            "learning_rate must be a positive number, got '0.1'",
+        ),
+        (
+            lambda p: run_kernel(
+                SGLD(regression, 1e-3),
+                jax.random.key(0),
+                p.X,
+                p.y,
+                num_samples=5,
+                checkpoint="somewhere",
+            ),  # fmt: skip
+            "checkpoint .* and checkpoint_every .* go together",
+        ),
+    ],
+    ids=[
+        "step_size",
+        "init_strategy",
+        "learning_rate",
+        "min_batch_size",
+        "max_step",
+        "num_steps",
+        "warm_start",
+        "checkpoint",
+    ],  # fmt: skip
+)
+def test_wrong_option_values_are_refused_by_name(problem, call, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        call(problem)
+
+
+def test_an_adapted_mass_is_not_judged_at_its_initial_value(problem):
+    data = ((problem.X, problem.y), {})
+    with pytest.warns(StepSizeWarning, match="its stationary law is predicted .* wider"):
+        SGHMC(regression, 1e-2).init(jax.random.key(0), 10, None, *data)
+    # AdaSGHMC keeps its draws with the mass it adapts during warm-up, not the identity the
+    # check sees at the start: the predicted widening is computed but not reported
+    kernel = AdaSGHMC(regression, 1e-2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StepSizeWarning)
+        kernel.init(jax.random.key(0), 10, None, *data)
+    assert kernel.step_check.inflation > 0.1
+    # the stability bound holds from the first iteration, whatever the mass becomes
+    with pytest.warns(StepSizeWarning, match="past the stability bound"):
+        AdaSGHMC(regression, 10.0).init(jax.random.key(0), 10, None, *data)
+
+
+# ---- divergences ----------------------------------------------------------------------------
+
+
+def positive_scale(X, y):
+    theta = numpyro.sample("theta", dist.Normal(0.0, 10.0).expand([3]).to_event(1))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+    numpyro.deterministic("precision", 1.0 / sigma**2)
+    with numpyro.plate("data", X.shape[0], subsample_size=100):
+        Xb = numpyro.subsample(X, event_dim=1)
+        numpyro.sample("y", dist.Normal(Xb @ theta, sigma), obs=numpyro.subsample(y, 0))
+
+
+def exp_of_a_coefficient(X, y):
+    theta = numpyro.sample("theta", dist.Normal(0.0, 10.0).expand([3]).to_event(1))
+    numpyro.deterministic("odds", jnp.exp(20.0 * theta))
+    with numpyro.plate("data", X.shape[0], subsample_size=100):
+        Xb = numpyro.subsample(X, event_dim=1)
+        numpyro.sample("y", dist.Normal(Xb @ theta, 1.0), obs=numpyro.subsample(y, 0))
+
+
+@pytest.mark.filterwarnings("ignore::numpyro_sgmc.diagnostics.StepSizeWarning")
+@pytest.mark.parametrize(
+    "model", [positive_scale, pytest.param(exp_of_a_coefficient, marks=pytest.mark.slow)]
+)
+def test_no_infinite_or_nan_draw_of_any_site(problem, model):
+    with pytest.warns(DivergenceWarning):
+        mcmc = run(SGLD(model, 1000.0, num_steps=10), problem.X, problem.y, num_samples=20)
+    samples = mcmc.get_samples()
+    assert set(samples) >= {"theta"}
+    for name, value in samples.items():
+        assert np.all(np.isfinite(np.asarray(value))), name
+
+
+@pytest.mark.filterwarnings("ignore::numpyro_sgmc.diagnostics.StepSizeWarning")
+def test_divergence_names_the_iteration_it_happened_at(problem):
+    start = {"theta": jnp.zeros(3), "sigma": jnp.zeros(())}
+    # every iterate kept: the first flagged draw is the first rejected iteration
+    each = MCMC(SGLD(positive_scale, 4.0, num_steps=1), num_warmup=0, num_samples=40,
+                progress_bar=False)  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DivergenceWarning)
+        each.run(jax.random.key(2), problem.X, problem.y, init_params=start)
+    flagged = np.flatnonzero(np.asarray(each.get_extra_fields()["diverging"]))
+    first = int(flagged[0]) + 1
+    assert first > 8 and first % 8, "the test needs a divergence inside a later draw"
+    # the same chain in draws of 8 iterations: the message names that iteration, not the
+    # draw's last one
+    eights = MCMC(SGLD(positive_scale, 4.0, num_steps=8), num_warmup=0, num_samples=2,
+                  progress_bar=False)  # fmt: skip
+    with pytest.warns(DivergenceWarning) as record:
+        eights.run(jax.random.key(2), problem.X, problem.y, init_params=start)
+    (message,) = [str(w.message) for w in record if w.category is DivergenceWarning]
+    assert f"at iteration {first} (warm-up included; in draw {-(-first // 8)}," in message
