@@ -1,4 +1,4 @@
-"""Bayesian deep ensembles: optimizer-informed SGHMC mass matrices (theory §6, seed 001).
+"""Bayesian deep ensembles: optimizer-informed SGHMC mass matrices (``docs/theory.md`` §6).
 
 On two bundled data sets, a LeNet-style CNN on scikit-learn's digits (classification) and an
 MLP on scikit-learn's diabetes (regression), for each of ``--seeds`` seeds:
@@ -23,7 +23,7 @@ first-moment masses (per parameter).
 Step sizes: every kernel's ``step_size`` is ``h`` on the average-gradient scale; Chen et al.'s
 SGHMC step is ``η = sqrt(h/n)`` (``n`` training rows), so the script fixes ``η`` and passes
 ``h = n·η²``, and the tables print ``h``. Everything is fixed before the run (step sizes,
-budgets); nothing is tuned to agree with the seed. Run: ``python benchmarks/deep_ensembles.py``
+budgets); nothing is tuned to agree with the paper. Run: ``python benchmarks/deep_ensembles.py``
 (about 40 minutes on 2 cores), or ``--size small`` for a two-minute look (the test suite runs
 that).
 """

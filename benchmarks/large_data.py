@@ -1,6 +1,6 @@
 """1.2 × 10^8 rows on one machine: autotuned SGLD-FP for logistic regression in bounded memory.
 
-The data (``--rows``, default 120,000,000: the size of the seed's airline data) are generated
+The data (``--rows``, default 120,000,000: the size of Negrea et al.'s airline data) are generated
 in float32 chunks written in place into their final JAX arrays, ``X`` (n × 3 covariates) and
 ``y`` (``jnp.asarray`` of a whole NumPy array would hold two copies for a while). The model
 has four parameters, an intercept and three slopes. Then:

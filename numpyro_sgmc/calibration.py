@@ -64,6 +64,7 @@ from scipy import stats
 from tqdm.auto import tqdm
 
 from numpyro_sgmc.check import check_run
+from numpyro_sgmc.model import Layout
 from numpyro_sgmc.runner import run_kernel
 from numpyro_sgmc.subsample import full_data
 from numpyro_sgmc.tuning import autotune
@@ -399,48 +400,19 @@ def _target_options(targets) -> list:
     return options
 
 
-class _Sites(NamedTuple):
-    """The true value's sites, in order, and their flat positions."""
-
-    sites: tuple  # (name, start, stop, shape)
-
-    @classmethod
-    def of(cls, truth: dict) -> "_Sites":
-        sites, start = [], 0
-        for name in sorted(truth):
-            shape = np.shape(truth[name])
-            size = int(np.prod(shape, dtype=int))
-            sites.append((name, start, start + size, shape))
-            start += size
-        return cls(tuple(sites))
-
-    @property
-    def size(self) -> int:
-        return self.sites[-1][2]
-
-    def names(self) -> tuple:
-        out = []
-        for name, start, stop, shape in self.sites:
-            if not shape:
-                out.append(name)
-                continue
-            for k in range(stop - start):
-                idx = np.unravel_index(k, shape)
-                out.append(f"{name}[{', '.join(str(int(i)) for i in idx)}]")
-        return tuple(out)
-
-    def ravel(self, truth: dict) -> np.ndarray:
-        if set(truth) != {s[0] for s in self.sites}:
-            raise ValueError(
-                f"The true value's sites changed between replicates: {sorted(truth)} against "
-                f"{[s[0] for s in self.sites]}."
-            )
-        return np.concatenate(
-            [np.asarray(truth[name], np.float64).reshape(-1) for name, *_ in self.sites]
+def _ravel_truth(sites: Layout, truth: dict) -> np.ndarray:
+    """The true value as one flat float64 vector in ``sites``' order."""
+    if set(truth) != {s[0] for s in sites.sites}:
+        raise ValueError(
+            f"The true value's sites changed between replicates: {sorted(truth)} against "
+            f"{[s[0] for s in sites.sites]}."
         )
+    return np.concatenate(
+        [np.asarray(truth[name], np.float64).reshape(-1) for name, *_ in sites.sites]
+    )
 
 
-def _summary(values: dict, sites: _Sites, truth, levels, num_ranks, method):
+def _summary(values: dict, sites: Layout, truth, levels, num_ranks, method):
     """Interval ends ``(L, d)`` and ranks ``(d,)`` of one method on one replicate; ``values``
     maps each site to draws (leading sample axis) or a distribution with ``ppf`` and
     ``cdf``."""
@@ -483,7 +455,7 @@ def _block(scale, start, stop) -> np.ndarray:
     return np.diag(np.asarray(scale.diagonal(stop), np.float64)[start:stop])
 
 
-def _predicted_ratio(report, sites: _Sites) -> np.ndarray:
+def _predicted_ratio(report, sites: Layout) -> np.ndarray:
     """``(d,)`` ``ρ_i``: the chain's predicted sd over the mode's sampling sd ``sqrt(S_ii/n)``
     in the constrained coordinates of the true value's sites (delta method at the mode);
     ``NaN`` for sites that are not latent sample sites of the report."""
@@ -654,7 +626,7 @@ def calibrate(
             bar.set_postfix(failed=len(failures))
             continue
         if sites is None:
-            sites = _Sites.of(truth_r)
+            sites = Layout.of(truth_r)
             d = sites.size
             arrays = {
                 "truth": np.full((R, d), np.nan),
@@ -663,7 +635,7 @@ def calibrate(
                 "ranks": np.full((M, R, d), np.nan),
                 "predicted": np.full((M, R, L, d), np.nan),
             }
-        true_flat = sites.ravel(truth_r)
+        true_flat = _ravel_truth(sites, truth_r)
         arrays["truth"][r] = true_flat
         for m, method in enumerate(methods):
             if m >= len(options) and not _runs_on(references[method][1], seed):
@@ -705,7 +677,7 @@ def calibrate(
         raise RuntimeError("Every simulation failed: " + "; ".join(f.message for f in failures))
     return Calibration(
         methods,
-        sites.names(),
+        tuple(sites.names()),
         levels,
         seeds,
         arrays["truth"],

@@ -89,6 +89,7 @@ def test_each_row_reaches_its_target_and_mixes_as_predicted(counts, target, kwar
     assert np.all(np.abs(check.autocorrelation_ratio - 1) < 0.3), check
 
 
+@pytest.mark.slow
 def test_unpreconditioned_sgd_matches_its_prediction(counts):
     X, y, warm = counts
     _, report = autotune(poisson_regression, KEY, X, y, target="local_fiducial", warm=warm)
@@ -117,6 +118,7 @@ def report_start(report):
     return init_to_value(values={"theta": report.constrained_mode["theta"]})
 
 
+@pytest.mark.slow
 def test_iterate_average_needs_several_epochs(counts):
     """Row A: the one-epoch average of the row-F iterates has covariance ~0.57·S/n, not S/n;
     the eight-epoch average ~0.94·S/(8n) (``docs/theory.md`` §3),
@@ -155,6 +157,7 @@ def test_iterate_average_needs_several_epochs(counts):
             assert np.all(np.abs(ratio - 1) < 0.2), ratio
 
 
+@pytest.mark.slow
 def test_posterior_matches_nuts_within_20_epochs():
     X, y = make_logistic(n=100_000, d=4, seed=0)
     kernel, report = autotune(logistic_regression, jax.random.key(0), X, y)
@@ -179,6 +182,7 @@ def test_posterior_matches_nuts_within_20_epochs():
     assert relative_error(2 * ours, reference) > 0.5  # a factor 2 would be seen
 
 
+@pytest.mark.slow
 def test_constrained_site_prediction():
     rng = np.random.default_rng(0)
     x = rng.standard_normal(20_000)
@@ -197,6 +201,7 @@ def test_constrained_site_prediction():
     assert np.sqrt(predicted[1]) == pytest.approx(2.0 / np.sqrt(40_000), rel=0.05)
 
 
+@pytest.mark.slow
 def test_diagonal_information_for_large_models(counts):
     """``dense=False`` (what d > 100 gets): a diagonal J and Γ, a step bounded by a power
     iteration on ``ΓJ``; the chain still samples the posterior, to the accuracy of a

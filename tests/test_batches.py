@@ -45,6 +45,7 @@ def test_without_replacement_draws_distinct_indices():
         assert idx.min() >= 0 and idx.max() < 1000
 
 
+@pytest.mark.slow
 def test_epochs_visit_each_datum_at_most_once_per_epoch():
     plates = (SubsamplePlate("a", 103, 10), SubsamplePlate("b", 40, 8))
     sampler = batch_sampler(plates, "epochs")

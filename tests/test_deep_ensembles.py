@@ -72,6 +72,7 @@ def regression():
     return data, model, warm
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("statistic", [None, "first_moment"])  # all four: the benchmark test
 def test_regression_ensemble_predicts_held_out_data(regression, statistic):
     data, model, warm = regression

@@ -189,6 +189,7 @@ def test_no_finite_starting_point(problem):
         run(SGLD(model, step_size=1e-3), problem)
 
 
+@pytest.mark.slow
 def test_blocks_of_sorted_rows_warn_and_shuffled_rows_do_not(problem):
     rows = np.argsort(np.asarray(problem.y))
     ordered = problem._replace(X=problem.X[rows], y=problem.y[rows])
@@ -202,6 +203,7 @@ def test_blocks_of_sorted_rows_warn_and_shuffled_rows_do_not(problem):
         run(kernel, ordered._replace(X=X, y=y), start)
 
 
+@pytest.mark.slow
 def test_centre_far_from_the_mode_warns_and_a_mode_centre_does_not(problem):
     far = {"theta": jnp.asarray(problem.mode + 1.0, jnp.float32)}
     with pytest.warns(CentreWarning, match="far from a mode"):

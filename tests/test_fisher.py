@@ -55,6 +55,7 @@ def test_linear_regression_matches_exact_j_and_i(heteroscedastic):
         assert rel_err(info32.I, p.I) < 1e-5
 
 
+@pytest.mark.slow
 def test_row_subsample_is_close_within_its_sampling_error():
     p = make_linear_regression(n=1000, heteroscedastic=True)
     args = (p.X, p.y)
@@ -100,6 +101,7 @@ def regression_with_noise_scale(X, y=None):
 LOW, HIGH = 0.05, 5.0
 
 
+@pytest.mark.slow
 def test_constrained_site_per_datum_terms_exclude_prior_and_jacobian():
     rng = np.random.default_rng(1)
     n, d = 400, 2
@@ -149,6 +151,7 @@ def test_constrained_site_per_datum_terms_exclude_prior_and_jacobian():
     assert info.unflatten(np.arange(3.0))["sigma"].shape == ()
 
 
+@pytest.mark.slow
 def test_two_plates_pool_their_covariances_with_weights_n_p_over_n():
     n1, n2 = 300, 700
     y1, y2, mean, _ = make_two_groups(n1=n1, n2=n2)

@@ -91,6 +91,7 @@ def test_an_epoch_sums_to_the_full_gradient():
     assert not np.allclose(g[:25], g[25:50])  # a new order every epoch
 
 
+@pytest.mark.slow
 def test_two_plates_each_scaled_by_its_own_size():
     y1, y2, _, _ = make_two_groups()
     prep = prepare_model(jax.random.key(0), two_groups, (y1, y2), batch_size={"b": 5})
@@ -117,6 +118,7 @@ def test_two_plates_each_scaled_by_its_own_size():
     assert np.all(np.abs(g.mean(0) - by_hand) < 4.5 * se)
 
 
+@pytest.mark.slow
 def test_control_variates_are_unbiased_and_exact_at_the_centre():
     p = make_linear_regression(n=1000)
     prep = prepare_model(jax.random.key(0), linear_regression, (p.X, p.y), batch_size=10)

@@ -140,6 +140,7 @@ def test_pairwise_cosine_similarity():
     np.testing.assert_allclose(sim, sim.T)
 
 
+@pytest.mark.slow
 def test_real_warm_start_to_per_chain_sghmc():
     """K Adam runs -> K masses -> K SGHMC chains, each keeping its own mass."""
     y1, y2, mean, cov = make_two_groups(n1=2000, n2=500)

@@ -80,6 +80,7 @@ def test_same_key_same_draws_and_init_strategy(problem):
     assert not np.allclose(a, c)
 
 
+@pytest.mark.slow
 def test_post_warmup_state_continues_the_chain(problem):
     kernel = SGLD(linear_regression, step_size=1e-3, num_steps=4)
     mcmc = MCMC(kernel, num_warmup=10, num_samples=25, progress_bar=False)
@@ -95,6 +96,7 @@ def test_post_warmup_state_continues_the_chain(problem):
     np.testing.assert_allclose(mcmc.get_samples()["theta"][0], manual.z["theta"], rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chain_method", ["vectorized", "sequential"])
 def test_each_chain_keeps_its_own_preconditioner_and_centre(problem, chain_method):
     """Chain k of a multi-chain run equals a single-chain run given chain k's own values."""
@@ -144,6 +146,7 @@ def test_each_chain_keeps_its_own_preconditioner_and_centre(problem, chain_metho
     assert not np.allclose(together[0], together[1], atol=1e-3)
 
 
+@pytest.mark.slow
 def test_arviz_from_numpyro(problem):
     az = pytest.importorskip("arviz")
     mcmc = MCMC(

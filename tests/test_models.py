@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
+import pytest
 from numpyro.distributions import biject_to, constraints
 
 from harness import assert_law, run_chains
@@ -25,6 +26,7 @@ def scale_model(y):
         numpyro.sample("y", dist.Normal(0.0, sigma), obs=yb)
 
 
+@pytest.mark.slow
 def test_halfnormal_scale_matches_quadrature_and_is_returned_constrained():
     rng = np.random.default_rng(0)
     y = 0.5 * rng.standard_normal(500)
@@ -61,6 +63,7 @@ def dirichlet_model(y):
         numpyro.sample("y", dist.Categorical(probs=p), obs=numpyro.subsample(y, event_dim=0))
 
 
+@pytest.mark.slow
 def test_dirichlet_matches_its_conjugate_posterior():
     counts = np.array([150, 100, 50])
     y = jnp.asarray(np.repeat(np.arange(3), counts))
@@ -80,6 +83,7 @@ def test_dirichlet_matches_its_conjugate_posterior():
     assert_law(p, mean, cov, label="Dirichlet")
 
 
+@pytest.mark.slow
 def test_two_plates_of_different_sizes_sample_the_exact_posterior():
     y1, y2, mean, cov = make_two_groups(n1=2000, n2=500)
     rng = np.random.default_rng(2)

@@ -217,6 +217,7 @@ def test_prior_is_isotropic_normal():
     np.testing.assert_allclose(prior_log_density, expected, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("network", ["mlp", "lenet"])
 def test_adam_fits_digits(network, digit_split):
     X, y = jnp.asarray(digit_split.X_train[:600]), jnp.asarray(digit_split.y_train[:600])

@@ -63,6 +63,7 @@ def test_same_draws_as_mcmc(problem, kernel, num_chains):
     assert run.num_diverging.shape == (num_chains,) and not run.num_diverging.any()
 
 
+@pytest.mark.slow
 def test_check_run_takes_a_kernel_run():
     problem = make_linear_regression(n=5000)
     kernel, report = autotune(linear_regression, jax.random.key(0), problem.X, problem.y)

@@ -66,6 +66,7 @@ def integrated_autocorrelation(x, batch=500):
     return batch * means.var(axis=1, ddof=1).mean(axis=0) / x.var(axis=1).mean(axis=0)
 
 
+@pytest.mark.slow
 def test_matched_diagonal_mass_mixes_faster_than_identity(stiff):
     """At the same fraction of its own stability limit, a mass matched to the target's
     scales gives lower integrated autocorrelation times, as predicted."""
@@ -113,6 +114,7 @@ def test_momentum_is_carried_across_draws(problem):
     np.testing.assert_allclose(got, np.array(expected), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_adasghmc_adapts_mass_to_root_mean_square_gradient_then_freezes(stiff):
     """Full-batch, small steps: ``E(∇Ũ)² = n² diag(J Σθ J) ≈ n diag(J)``, so the adapted
     (min-normalised) mass is ``sqrt(diag J / J_11)``; after warm-up it does not change."""
@@ -140,6 +142,7 @@ def test_adasghmc_adapts_mass_to_root_mean_square_gradient_then_freezes(stiff):
     np.testing.assert_array_equal(np.asarray(mcmc.last_state.params.mass.values), adapted)
 
 
+@pytest.mark.slow
 def test_adasghmc_without_warmup_keeps_the_initial_mass(problem):
     mass = Diagonal({"theta": jnp.array([1.0, 3.0])})
     kernel = AdaSGHMC(gaussian_location, 1e-3, mass=mass, num_steps=10)

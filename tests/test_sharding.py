@@ -150,6 +150,7 @@ def test_one_device_mesh_estimates_the_single_device_gradient(launched, problem)
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6, err_msg=method)
 
 
+@pytest.mark.slow
 def test_one_device_mesh_gives_the_single_device_draws(launched, problem):
     # the whole kernel (second-order update, stateful epochs sampler) on a 1-device data mesh
     z = {"theta": jnp.tile(jnp.asarray(problem.mode, jnp.float32), (3, 1))}

@@ -113,6 +113,7 @@ def separable(seed=0, n=4000):
     return X, (X[:, 0] > 0).astype(np.float32)
 
 
+@pytest.mark.slow
 def test_separable_classes_under_a_normal_prior_are_right():
     """Perfectly separable classes: no finite maximum-likelihood estimate, so the prior holds
     the mode (far out, at β₀ ≈ 23 here) and sets the sd with the few rows near the boundary.
@@ -148,6 +149,7 @@ def test_a_kernel_tuned_on_other_data_is_an_error():
         mcmc.run(jax.random.key(1), X, y)
 
 
+@pytest.mark.slow
 def test_check_run_sees_a_run_that_matches_a_wrong_prediction():
     """The kernel and report of well-specified counts, run on over-dispersed counts of the same
     size: the run matches the report (the kernel samples what it was tuned for), but the
@@ -168,6 +170,7 @@ def test_check_run_sees_a_run_that_matches_a_wrong_prediction():
     assert np.all(np.abs(check.sd_independent / exact - 1) < 0.1), check.sd_independent / exact
 
 
+@pytest.mark.slow
 def test_check_run_on_a_diagonal_report():
     """A diagonal prediction (what d > 1000 gets): variances only, a table, no crash."""
     (X, y), _ = make_wide_logistic(n=20_000, d=4)
@@ -222,6 +225,7 @@ def hierarchical_two_groups(y, group):
         numpyro.sample("y", dist.Normal(alpha[gb], 1.0), obs=yb)
 
 
+@pytest.mark.slow
 def test_the_report_names_sites_without_a_per_datum_gradient():
     rng = np.random.default_rng(0)
     group = rng.integers(0, 2, 4000)

@@ -28,6 +28,7 @@ def logistic():
     return X, y, theta, np.linalg.inv(hess)
 
 
+@pytest.mark.slow
 def test_restarts_reach_the_exact_mode(logistic):
     X, y, mode, post_cov = logistic
     with warnings.catch_warnings():
