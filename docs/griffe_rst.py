@@ -14,7 +14,7 @@ untouched), once the package is loaded:
   under ``--strict``;
 * a paragraph ending in ``::`` (a reST literal block) ends in ``:`` and its indented block
   becomes a fenced Python code block;
-* ``shared/design/theory.md`` (the design document the docstrings cite by section) links to
+* ``docs/theory.md`` (the page the docstrings cite by section) links to
   the Theory page, which keeps its section numbers;
 * a ``NamedTuple`` class gets the ``__init__`` its fields define (as griffe's built-in
   dataclass support does for dataclasses), so that its ``:param field:`` entries match a
@@ -63,7 +63,7 @@ EXTERNAL = {
     "typing",
     "warnings",
 }
-THEORY = "``shared/design/theory.md``"
+THEORY = "``docs/theory.md``"
 THEORY_LINK = "[theory][sgmc-theory]"
 
 

@@ -103,7 +103,7 @@ class plate_sizes(Messenger):
     that takes its plate size from the data (``numpyro.plate("data", X.shape[0], ...)``)
     sees its shard's ``n_p / D`` rows; this handler multiplies the plate's factor by
     ``sizes[p] / size``, so that the batch is scaled by ``n_p / m`` as the estimator of
-    ``shared/design/theory.md`` §1 needs. Where the declared size is the global one (every
+    ``docs/theory.md`` §1 needs. Where the declared size is the global one (every
     single-device run) it does nothing.
     """
 
