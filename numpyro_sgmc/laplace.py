@@ -60,6 +60,9 @@ __all__ = [
 DENSE_MAX_DIM = 1000
 """Above this many parameters ``J``, ``I`` and ``Γ`` are diagonal (``dense=None``)."""
 
+CORRELATION_ROWS = 10_000
+"""The most rows :func:`correlations` solves on (the information's own, up to this many)."""
+
 
 class Problem(NamedTuple):
     """What every step of the tuner reads: the model prepared once, its data, the options and
@@ -152,7 +155,7 @@ def fit(problem: Problem, warm, weights) -> Fit:
     linked = None
     if kind == "diagonal":
         linked = correlations(problem, mode, info)
-        visited += min(info.num_rows, 10_000)
+        visited += min(info.num_rows, CORRELATION_ROWS)
         error = with_correlations(error, linked, weights)
     return Fit(mode, info, distance, passes, error, cv_noise, findings, visited, linked)
 
@@ -219,7 +222,7 @@ def _preconditioned_solves(spec, structure, layout, iterations, zf, diag, probes
     return x, jnp.linalg.norm(r, axis=1) / jnp.linalg.norm(rhs, axis=1)
 
 
-def correlations(problem, mode, info, max_rows=10_000, num_probes=64, iterations=60):
+def correlations(problem, mode, info, max_rows=CORRELATION_ROWS, num_probes=64, iterations=60):
     """The :class:`Correlations` a diagonal ``J`` leaves out, by probes: with Rademacher
     ``z_k`` and ``x_k = H⁻¹D^{1/2}z_k`` (Jacobi-preconditioned conjugate gradients,
     ``H = nJ`` from the information's own rows, at most ``max_rows`` of them, so that ``H``
