@@ -173,15 +173,14 @@ def _full_data_sums(
     value_and_grad = jax.value_and_grad(
         lambda z, batch: potential(spec, z, batch, model_args, model_kwargs)
     )
-    if num_chunks == 1:
-        total = value_and_grad(position, batch_of(0))
-    else:
+    # the first chunk starts the sum: its types carry shard_map's varying axes, zeros do not
+    total = value_and_grad(position, batch_of(0))
+    if num_chunks > 1:
 
         def body(acc, c):
             return jax.tree.map(jnp.add, acc, value_and_grad(position, batch_of(c))), None
 
-        zeros = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, position))
-        total, _ = lax.scan(body, zeros, jnp.arange(num_chunks))
+        total, _ = lax.scan(body, total, jnp.arange(1, num_chunks))
     if axis_name is not None:
         total = lax.psum(total, axis_name)
     return total

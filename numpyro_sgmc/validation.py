@@ -269,10 +269,13 @@ def _count_nonfinite(x) -> tuple:
     per_row = max(1, x.size // x.shape[0])
     if isinstance(x, jax.Array):
         rows = max(1, _DEVICE_CHUNK_ELEMENTS // per_row)
-        if len(x.sharding.device_set) > 1 or rows >= x.shape[0]:
-            count, first = _nonfinite_rows(x)
-        else:
-            count, first = _nonfinite_rows_chunked(x, rows)
+        # eagerly, also when called under an outer trace (MCMC's pmap over chains) with the
+        # data a concrete constant of it
+        with jax.ensure_compile_time_eval():
+            if len(x.sharding.device_set) > 1 or rows >= x.shape[0]:
+                count, first = _nonfinite_rows(x)
+            else:
+                count, first = _nonfinite_rows_chunked(x, rows)
         return int(count), (int(first) if count else 0)
     rows = max(1, _CHUNK_ELEMENTS // per_row)
     count, first = 0, None

@@ -108,9 +108,11 @@ def test_regression_ensemble_predicts_held_out_data(regression, statistic):
 @pytest.mark.slow
 def test_cnn_ensemble_runs_with_zero_warmup_on_digits():
     data = digits(seed=0)
-    X, y = jnp.asarray(data.X_train[:400]), jnp.asarray(data.y_train[:400])
+    # on fewer digits or steps the prior keeps some restarts near zero weights (module
+    # docstring of numpyro_sgmc.bde.networks): 10 epochs on 400 gave 6-22% accuracy
+    X, y = jnp.asarray(data.X_train[:600]), jnp.asarray(data.y_train[:600])
     model = lenet(num_classes=10, batch_size=64)
-    warm = fit(model, X, y, epochs=10)
+    warm = fit(model, X, y, epochs=30)
     masses = mass_from_warm_start(warm).values
     assert {k: v.shape[0] for k, v in masses.items()} == dict.fromkeys(warm.params, K)
     kernel, mcmc = sample(model, X, y, chain_init(warm, "first_moment"), 1e-2, steps=100)
