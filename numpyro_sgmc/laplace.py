@@ -135,8 +135,12 @@ def fit(problem: Problem, warm, weights) -> Fit:
         if noisy_probes and probes < 1024:
             probes *= 4
         elif worst > options.tolerance and info.num_rows < n:
-            # the error falls as 1/sqrt(rows); a quarter more for the estimate's own noise
-            rows = min(n, int(math.ceil(info.num_rows * (worst / options.tolerance) ** 2 * 1.25)))
+            # the error falls as 1/sqrt(rows); a quarter more for the estimate's own noise.
+            # The rows double (as many times as that asks): the count is a static shape of
+            # the compiled sums, so new data of the same shapes, whose error asks for a
+            # slightly different count, finds it compiled
+            wanted = info.num_rows * (worst / options.tolerance) ** 2 * 1.25
+            rows = min(n, info.num_rows * 2 ** math.ceil(math.log2(wanted / info.num_rows)))
         else:
             break
         info = info_at(mode)

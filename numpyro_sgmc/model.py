@@ -33,7 +33,12 @@ from jax.experimental import checkify
 from numpyro import handlers
 from numpyro.distributions import biject_to
 from numpyro.handlers import seed, trace
-from numpyro.infer.initialization import init_to_mean, init_to_median, init_to_uniform
+from numpyro.infer.initialization import (
+    init_to_mean,
+    init_to_median,
+    init_to_uniform,
+    init_to_value,
+)
 from numpyro.infer.util import constrain_fn, potential_energy
 from numpyro.primitives import _PYRO_STACK, Messenger, plate
 from numpyro.util import is_prng_key, not_jax_tracer
@@ -338,7 +343,10 @@ def _initialize(rng_key, model, plates, model_args, model_kwargs, init_strategy)
     for strategy in strategies:
         for attempt in range(10):
             attempt_keys = jax.vmap(lambda k, a=attempt: jax.random.fold_in(k, a))(keys)
-            z, finite = _start(spec, structure, strategy, attempt_keys, arrays)
+            shell, values = _split_values(strategy)
+            z, finite = _start(spec, structure, shell, attempt_keys, arrays, values)
+            if not not_jax_tracer(finite):  # traced keys (MCMC's pmap over chains): no retry
+                return z if batched else jax.tree.map(lambda v: v[0], z)
             if bool(np.all(np.asarray(finite))):
                 return z if batched else jax.tree.map(lambda v: v[0], z)
             if not _is_random(strategy):
@@ -360,10 +368,24 @@ def _is_random(strategy) -> bool:
     )
 
 
+def _split_values(strategy) -> tuple:
+    """``(strategy, values)``: an ``init_to_value`` strategy's values apart, as JAX arrays, so
+    that :func:`_start` takes them as arguments (a new mode each call, the same compilation);
+    ``values`` is ``None`` for every other strategy."""
+    base = strategy.func if isinstance(strategy, partial) else strategy
+    if base is not init_to_value or not isinstance(strategy, partial):
+        return strategy, None
+    values = strategy.keywords.get("values", {})
+    return init_to_value, {name: jnp.asarray(v) for name, v in values.items()}
+
+
 @partial(jax.jit, static_argnames=("spec", "structure", "strategy"))
-def _start(spec, structure, strategy, keys, arrays):
+def _start(spec, structure, strategy, keys, arrays, values=None):
     """``(z, finite)`` per key: the strategy's unconstrained point, and whether the potential
-    and its gradient are finite there (a NaN from an undefined prior mean counts as not)."""
+    and its gradient are finite there (a NaN from an undefined prior mean counts as not).
+    ``values``: those of ``strategy = init_to_value`` (:func:`_split_values`)."""
+    if values is not None:
+        strategy = partial(init_to_value, values=values)
     args, kwargs = structure.rebuild(arrays)
     indexed = data_indexed_model(spec.model, spec.plates)
     batch = first_batch(spec.plates)

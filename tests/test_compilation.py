@@ -1,0 +1,95 @@
+"""A second ``autotune`` and ``run_kernel`` call on new data of the same shapes compiles none
+of the library's functions (issue: the fixed costs at the sizes users have).
+
+Every compiled piece is a module-level ``jax.jit`` function of array arguments whose static
+arguments (the model, the shapes, row counts) repeat on new data; a row count chosen from the
+data's own estimates is rounded to a few sizes per octave so that it repeats too. What is
+counted is XLA's "Finished XLA compilation" log lines under ``jax.log_compiles``, by function
+name; small eager array operations (a ``broadcast_in_dim`` on a new shape) may still compile.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import pkgutil
+import re
+
+import jax
+import pytest
+from user_models import hierarchical_logistic, logistic, make_hierarchical, make_wide_logistic
+
+import numpyro_sgmc
+from numpyro_sgmc import autotune, run_kernel
+
+
+def library_jit_names() -> set:
+    """The names of every ``jax.jit`` function defined at module level in the package."""
+    names = set()
+    for info in pkgutil.walk_packages(numpyro_sgmc.__path__, "numpyro_sgmc."):
+        module = importlib.import_module(info.name)
+        for name, value in vars(module).items():
+            wrapped = getattr(value, "__wrapped__", None)
+            if callable(value) and wrapped is not None and hasattr(value, "lower"):
+                names.add(getattr(wrapped, "__name__", name))
+    return names
+
+
+class Compilations(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.names = []
+
+    def emit(self, record):
+        found = re.search(r"Finished XLA compilation of jit\((\S+?)\)", record.getMessage())
+        if found:
+            self.names.append(found.group(1))
+
+
+def compiled_names(call) -> list:
+    handler = Compilations()
+    loggers = [logging.getLogger(name) for name in ("jax._src.interpreters.pxla", "jax")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(handler)
+        lg.setLevel(logging.DEBUG)
+    try:
+        with jax.log_compiles(True):
+            call()
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.removeHandler(handler)
+            lg.setLevel(level)
+    return handler.names
+
+
+def recipe(model, data):
+    args, kwargs = data
+    kernel, _ = autotune(model, jax.random.key(0), *args, model_kwargs=kwargs)
+    run = run_kernel(kernel, jax.random.key(1), *args, num_samples=50, model_kwargs=kwargs)
+    jax.block_until_ready(run.samples)
+
+
+def test_the_counter_sees_library_compilations():
+    ours = library_jit_names()
+    assert {"_optimise", "_sums", "_spread", "_chunk"} <= ours, sorted(ours)
+    first = compiled_names(lambda: recipe(logistic, make_wide_logistic(0, 3000, 3)))
+    assert {"_optimise", "_sums", "_chunk"} <= set(first) & ours, first
+
+
+@pytest.mark.parametrize(
+    "model, make",
+    [
+        (logistic, lambda seed: make_wide_logistic(seed, 20_000, 10)),
+        pytest.param(
+            hierarchical_logistic,
+            lambda seed: make_hierarchical(seed, n=20_000, num_groups=20),
+            marks=pytest.mark.slow,
+        ),
+    ],
+    ids=["logistic", "hierarchical"],
+)
+def test_a_second_call_on_new_data_compiles_nothing_of_ours(model, make):
+    recipe(model, make(0))
+    again = compiled_names(lambda: recipe(model, make(1)))
+    assert not set(again) & library_jit_names(), again
