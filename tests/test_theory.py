@@ -8,6 +8,7 @@ tested in ``test_table1.py``.
 """
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -119,6 +120,23 @@ def test_discrete_lyapunov_solves_its_equation_and_rejects_unstable():
     np.testing.assert_allclose(F @ sigma @ F.T + D, sigma, atol=1e-12)
     with pytest.raises(ValueError, match="unstable"):
         discrete_lyapunov(np.diag([0.5, -1.0]), np.eye(2))
+
+
+def test_discrete_lyapunov_on_raw_covariate_scales_is_silent_and_solves_its_equation():
+    """``J`` with a condition number of 4·10¹⁵ (a covariate on a raw scale): SciPy's solve
+    warns that its matrix is ill-conditioned and returns an indefinite ``Σ`` (smallest
+    eigenvalue -2·10¹²); the solve falls back to Smith's doubling, silently."""
+    rng = np.random.default_rng(0)
+    J = spd(rng, np.logspace(-15.6, 0, 12))
+    gamma = np.diag(rng.uniform(0.5, 2.0, 12))
+    F = np.eye(12) - gamma @ J
+    D = gamma @ (J + 1e-3 * np.eye(12)) @ gamma
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sigma = np.asarray(discrete_lyapunov(F, D))
+    scale = np.linalg.norm(D) + np.linalg.norm(F, 2) ** 2 * np.linalg.norm(sigma)
+    assert np.linalg.norm(F @ sigma @ F.T + D - sigma) / scale < 1e-12
+    assert np.linalg.eigvalsh(sigma)[0] > 0.5  # about D's smallest over (1 - F²)
 
 
 def test_stationary_covariance_default_is_the_discrete_lyapunov_solution(info):
