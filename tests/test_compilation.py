@@ -70,17 +70,10 @@ def recipe(model, data):
     jax.block_until_ready(run.samples)
 
 
-def test_the_counter_sees_library_compilations():
-    ours = library_jit_names()
-    assert {"_optimise", "_sums", "_spread", "_chunk"} <= ours, sorted(ours)
-    first = compiled_names(lambda: recipe(logistic, make_wide_logistic(0, 3000, 3)))
-    assert {"_optimise", "_sums", "_chunk"} <= set(first) & ours, first
-
-
 @pytest.mark.parametrize(
     "model, make",
     [
-        (logistic, lambda seed: make_wide_logistic(seed, 20_000, 10)),
+        (logistic, lambda seed: make_wide_logistic(seed, 10_000, 10)),
         pytest.param(
             hierarchical_logistic,
             lambda seed: make_hierarchical(seed, n=20_000, num_groups=20),
@@ -90,6 +83,9 @@ def test_the_counter_sees_library_compilations():
     ids=["logistic", "hierarchical"],
 )
 def test_a_second_call_on_new_data_compiles_nothing_of_ours(model, make):
-    recipe(model, make(0))
+    ours = library_jit_names()
+    assert {"_optimise", "_sums", "_spread", "_chunk"} <= ours, sorted(ours)
+    first = compiled_names(lambda: recipe(model, make(0)))
+    assert {"_optimise", "_sums", "_chunk"} <= set(first), first  # the counter sees them
     again = compiled_names(lambda: recipe(model, make(1)))
-    assert not set(again) & library_jit_names(), again
+    assert not set(again) & ours, again

@@ -150,6 +150,7 @@ def test_full_data_gradient_in_chunks_is_exact(chunk_size):
     np.testing.assert_allclose(np.asarray(g["theta"]), exact, rtol=2e-4, atol=2e-6)
 
 
+@pytest.mark.slow
 def test_two_plate_full_gradient_in_chunks_matches_one_pass():
     y1, y2, _, _ = make_two_groups(n1=2000, n2=517)
     prep = prepare_model(jax.random.key(0), two_groups, (y1, y2))

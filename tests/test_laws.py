@@ -271,6 +271,7 @@ def _mass(p):
 SLOW_LAWS = {
     "SGHMC-dense-control-variates-tempered", "SGLD-diagonal", "SGLD-dense-drift-diagonal-noise",
     "SGLD-identity-posterior", "SGHMC-identity", "SGD-dense-sandwich", "SGLDFP-dense-hessian-term",
+    "SGLD-identity-large-step",
 }  # fmt: skip
 
 

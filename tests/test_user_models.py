@@ -37,8 +37,6 @@ from numpyro_sgmc.diagnostics import (
 )
 from numpyro_sgmc.model import prepare_model
 
-FAST = {"scaled_covariate"}  # the rest take 30-120 s each: CI runs them
-
 
 def recipe(case, seed=0, **tune):
     """The plain recipe on ``case``'s data: ``(report, check, achieved sds, reference sds)``."""
@@ -63,10 +61,8 @@ def recipe(case, seed=0, **tune):
     return report, check, achieved, reference
 
 
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(n, marks=() if n in FAST else pytest.mark.slow) for n in MODELS],
-)
+@pytest.mark.slow  # 30-120 s each
+@pytest.mark.parametrize("name", list(MODELS))
 def test_recipe_matches_the_reference(name):
     case = MODELS[name]
     report, check, achieved, reference = recipe(case)
