@@ -415,9 +415,10 @@ def _flat_diagonal(values, position: dict, role: str):
 def discrete_lyapunov(F, D):
     """``Σ`` with ``Σ = F Σ Fᵀ + D`` (``docs/theory.md`` §3); elementwise for diagonals.
 
-    SciPy's direct solve, kept when it is PSD with a small backward error; otherwise (``F``
-    with contraction rates within 10⁻¹⁶ of 1, as ``J`` on raw covariate scales makes it, where
-    the direct solve can return an indefinite ``Σ``) Smith's doubling.
+    SciPy's direct solve, kept when it is PSD with a small backward error; otherwise Smith's
+    doubling. The direct solve fails where the slowest contraction rate of ``F`` is within
+    about 10⁻¹⁵ of 1 (``J`` with a condition number near 10¹⁶, as raw covariate scales can
+    make it): it then warns and can return an indefinite ``Σ``.
 
     :raises ValueError: the recursion is not stable (spectral radius of ``F`` ≥ 1).
     """
@@ -450,9 +451,9 @@ def _lyapunov_residual(F, D, sigma) -> float:
 
 
 def _doubling_lyapunov(F, D, max_doublings=64):
-    """Smith's doubling, ``Σ ← Σ + F Σ Fᵀ``, ``F ← F²``: ``Σ = Σ_k F^k D F^kᵀ`` summed in
-    PSD terms, accurate where the direct solve is not (``F`` near-singular directions
-    next to contraction rates near 1, as on raw covariate scales)."""
+    """Smith's doubling, ``Σ ← Σ + F Σ Fᵀ``, ``F ← F²``: the series ``Σ_k F^k D F^kᵀ`` summed
+    in PSD terms, ``2^j`` of them after ``j`` doublings, so it stays PSD however slowly ``F``
+    contracts."""
     sigma, power = D.copy(), F.copy()
     for _ in range(max_doublings):
         sigma = sigma + power @ sigma @ power.T

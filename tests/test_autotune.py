@@ -69,7 +69,7 @@ ROWS = [  # (target, keywords, row of Table 1, its target's weights)
 ]
 
 
-SLOW_ROWS = {"B", "G"}  # the natural-noise rows that take longest; CI runs them
+SLOW_ROWS = {"B", "G", "P5"}  # the rows that take longest; CI runs them
 
 
 @pytest.mark.parametrize(
