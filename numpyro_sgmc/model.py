@@ -345,9 +345,8 @@ def _initialize(rng_key, model, plates, model_args, model_kwargs, init_strategy)
             attempt_keys = jax.vmap(lambda k, a=attempt: jax.random.fold_in(k, a))(keys)
             shell, values = _split_values(strategy)
             z, finite = _start(spec, structure, shell, attempt_keys, arrays, values)
-            if not not_jax_tracer(finite):  # traced keys (MCMC's pmap over chains): no retry
-                return z if batched else jax.tree.map(lambda v: v[0], z)
-            if bool(np.all(np.asarray(finite))):
+            traced = not not_jax_tracer(finite)  # keys traced by MCMC's pmap: no retry
+            if traced or bool(np.all(np.asarray(finite))):
                 return z if batched else jax.tree.map(lambda v: v[0], z)
             if not _is_random(strategy):
                 break
@@ -372,8 +371,7 @@ def _split_values(strategy) -> tuple:
     """``(strategy, values)``: an ``init_to_value`` strategy's values apart, as JAX arrays, so
     that :func:`_start` takes them as arguments (a new mode each call, the same compilation);
     ``values`` is ``None`` for every other strategy."""
-    base = strategy.func if isinstance(strategy, partial) else strategy
-    if base is not init_to_value or not isinstance(strategy, partial):
+    if not (isinstance(strategy, partial) and strategy.func is init_to_value):
         return strategy, None
     values = strategy.keywords.get("values", {})
     return init_to_value, {name: jnp.asarray(v) for name, v in values.items()}

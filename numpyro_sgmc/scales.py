@@ -454,7 +454,7 @@ def _doubling_lyapunov(F, D, max_doublings=64):
     """Smith's doubling, ``Σ ← Σ + F Σ Fᵀ``, ``F ← F²``: the series ``Σ_k F^k D F^kᵀ`` summed
     in PSD terms, ``2^j`` of them after ``j`` doublings, so it stays PSD however slowly ``F``
     contracts."""
-    sigma, power = D.copy(), F.copy()
+    sigma, power = D, F
     for _ in range(max_doublings):
         sigma = sigma + power @ sigma @ power.T
         power = power @ power
