@@ -3,7 +3,7 @@ of the library's functions (issue: the fixed costs at the sizes users have).
 
 Every compiled piece is a module-level ``jax.jit`` function of array arguments whose static
 arguments (the model, the shapes, row counts) repeat on new data; a row count chosen from the
-data's own estimates is rounded to a few sizes per octave so that it repeats too. What is
+data's own estimates grows by doublings of the starting count, so that it repeats too. What is
 counted is XLA's "Finished XLA compilation" log lines under ``jax.log_compiles``, by function
 name; small eager array operations (a ``broadcast_in_dim`` on a new shape) may still compile.
 """
