@@ -4,7 +4,7 @@ Logistic regression with a batch large enough that the gradient dominates the st
 (default n = 2^18 rows, d = 100, b = 32768, float32: 105 MB of data). For ``D`` devices the
 rows are sharded over ``D`` CPU devices (:func:`numpyro_sgmc.shard_data`), and each device
 draws ``b/D`` of its own rows per iteration and all-reduces its gradient estimate
-(:mod:`numpyro_sgmc.sharding`). The baseline is the unsharded kernel in a one-device process.
+(:mod:`numpyro_sgmc.data.sharding`). The baseline is the unsharded kernel in a one-device process.
 
 The device count is fixed when JAX starts (``jax_num_cpu_devices``), so every measurement runs
 in a fresh process with exactly ``D`` devices, as a user's run would. A process times the

@@ -12,7 +12,7 @@ has four parameters, an intercept and three slopes. Then:
    kernel's own chain in one compiled loop that takes the data as arguments and never returns
    them: ``MCMC(jit_model_args=True)`` returns them with its last state, a transient copy of
    the whole data), with the epoch progress bar
-   (:class:`~numpyro_sgmc.progress.EpochProgress`): about 100 host updates in all, none per
+   (:class:`~numpyro_sgmc.data.progress.EpochProgress`): about 100 host updates in all, none per
    step;
 3. :func:`~numpyro_sgmc.check_run`: the achieved covariance against the predicted one.
 

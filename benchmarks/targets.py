@@ -35,7 +35,7 @@ from numpyro.infer import MCMC
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 from numpyro_sgmc import autotune, theory  # noqa: E402
-from numpyro_sgmc.check import unconstrained_draws  # noqa: E402
+from numpyro_sgmc.tuner.check import unconstrained_draws  # noqa: E402
 from problems import (  # noqa: E402
     PRIOR_SCALE,
     linear_regression,

@@ -30,8 +30,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from user_models import MODELS  # noqa: E402
 
 from numpyro_sgmc import autotune, check_run  # noqa: E402
-from numpyro_sgmc.check import unconstrained_draws  # noqa: E402
 from numpyro_sgmc.diagnostics import SGMCWarning  # noqa: E402
+from numpyro_sgmc.tuner.check import unconstrained_draws  # noqa: E402
 
 
 def one(name, seed):

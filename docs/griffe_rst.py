@@ -6,7 +6,7 @@ verbatim. This extension rewrites them, at documentation build time only (the so
 untouched), once the package is loaded:
 
 * ``.. math::`` blocks become ``$$ ... $$`` blocks (``pymdownx.arithmatex``, MathJax);
-* cross-reference roles (``:func:`~numpyro_sgmc.fisher.information```, ``:class:``,
+* cross-reference roles (``:func:`~numpyro_sgmc.tuner.fisher.information```, ``:class:``,
   ``:mod:``, ``:attr:``, ``:data:``, ``:meth:``, ``:exc:``, ``:obj:``) become mkdocs-autorefs
   links when they name an object of this package, and code spans when they name another
   package (``numpyro``, ``jax``: no inventory is fetched, so the build needs no network); a

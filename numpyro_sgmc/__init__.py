@@ -11,18 +11,19 @@ tuning for a named target (Table 1, §4) and predicts its covariance and mixing;
 :func:`check_run` compares a run with the prediction.
 """
 
-from numpyro_sgmc import bde, calibration, diagnostics, distributed, theory
-from numpyro_sgmc.batches import shuffle_rows
+from numpyro_sgmc import bde, calibration, diagnostics, theory
 from numpyro_sgmc.cache import enable_compilation_cache
-from numpyro_sgmc.check import check_run
-from numpyro_sgmc.fisher import information
+from numpyro_sgmc.data.batches import shuffle_rows
+from numpyro_sgmc.data.sharding import shard_data
+from numpyro_sgmc.data.subsample import full_data
 from numpyro_sgmc.kernels import SGD, SGHMC, SGLD, SGLDFP, AdaSGHMC, ChainInit
-from numpyro_sgmc.runner import completed_samples, load_run, run_kernel
+from numpyro_sgmc.running import distributed
+from numpyro_sgmc.running.runner import completed_samples, load_run, run_kernel
 from numpyro_sgmc.scales import Dense, Diagonal, Identity, layerwise
-from numpyro_sgmc.sharding import shard_data
-from numpyro_sgmc.subsample import full_data
-from numpyro_sgmc.tuning import autotune
-from numpyro_sgmc.warmstart import warm_start
+from numpyro_sgmc.tuner.check import check_run
+from numpyro_sgmc.tuner.fisher import information
+from numpyro_sgmc.tuner.tuning import autotune
+from numpyro_sgmc.tuner.warmstart import warm_start
 
 __version__ = "0.2.0"
 

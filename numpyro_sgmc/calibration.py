@@ -63,11 +63,11 @@ from numpyro import handlers
 from scipy import stats
 from tqdm.auto import tqdm
 
-from numpyro_sgmc.check import check_run
-from numpyro_sgmc.model import Layout
-from numpyro_sgmc.runner import run_kernel
-from numpyro_sgmc.subsample import full_data
-from numpyro_sgmc.tuning import autotune
+from numpyro_sgmc.data.model import Layout
+from numpyro_sgmc.data.subsample import full_data
+from numpyro_sgmc.running.runner import run_kernel
+from numpyro_sgmc.tuner.check import check_run
+from numpyro_sgmc.tuner.tuning import autotune
 
 __all__ = [
     "LEVELS",
@@ -781,7 +781,7 @@ def prior_simulator(
 
     ``simulate(seed)`` takes ``covariates(seed)`` (the model's positional arguments before the
     observation), draws every latent site from the prior and the site ``observed`` from the
-    model on all rows (:class:`~numpyro_sgmc.subsample.full_data`), with the key
+    model on all rows (:class:`~numpyro_sgmc.data.subsample.full_data`), with the key
     ``fold_in(rng_key, seed)``, and returns ``(truth, covariates + (y,))``: the observation
     is appended as the last positional argument, as in ``model(X, y=None)``.
 

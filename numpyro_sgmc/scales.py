@@ -14,7 +14,7 @@ that no code outside this module asks whether a matrix is dense or diagonal
   solves.
 
 A scale acts on the flattened unconstrained parameters: the sites sorted by name, each raveled
-row-major (:class:`~numpyro_sgmc.model.Layout`). A user writes per-site values,
+row-major (:class:`~numpyro_sgmc.data.model.Layout`). A user writes per-site values,
 ``Diagonal({"theta": array, "sigma": 2.0})`` or :func:`layerwise`; :func:`prepare` turns them
 into the flat form against the model's parameters once, at ``init``, and checks them.
 

@@ -1,7 +1,7 @@
 """One process of the two-process run of test_multihost.py (or its one-process reference).
 
 ``python tests/multihost_worker.py process <id> <num_processes> <port> <out.npz> [timeout]``
-joins a run on localhost through :func:`numpyro_sgmc.distributed.initialize` (one CPU device
+joins a run on localhost through :func:`numpyro_sgmc.running.distributed.initialize` (one CPU device
 per process, JAX's Gloo CPU collectives), shards *its own* rows of the data
 (:func:`numpyro_sgmc.shard_data`: process ``k`` holds rows ``k·n/P .. (k+1)·n/P``) and runs
 sharded SGLD; ``python tests/multihost_worker.py single <devices> <out.npz>`` runs the same
@@ -25,7 +25,7 @@ if MODE == "single":
     jax.config.update("jax_num_cpu_devices", int(sys.argv[2]))
     OUT = sys.argv[3]
 else:
-    from numpyro_sgmc import distributed
+    from numpyro_sgmc.running import distributed
 
     PROCESS_ID, NUM_PROCESSES, PORT = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     OUT = sys.argv[5]

@@ -48,12 +48,12 @@ from numpyro_sgmc import (  # noqa: E402
     sharding,  # noqa: E402
     warm_start,
 )
-from numpyro_sgmc.batches import BATCH_SAMPLING  # noqa: E402
 from numpyro_sgmc.bde import chain_init  # noqa: E402
+from numpyro_sgmc.data.batches import BATCH_SAMPLING  # noqa: E402
+from numpyro_sgmc.data.gradients import full_data_gradient  # noqa: E402
+from numpyro_sgmc.data.model import prepare_model  # noqa: E402
+from numpyro_sgmc.data.sharding import data_layout  # noqa: E402
 from numpyro_sgmc.diagnostics import ConvergenceWarning  # noqa: E402
-from numpyro_sgmc.gradients import full_data_gradient  # noqa: E402
-from numpyro_sgmc.model import prepare_model  # noqa: E402
-from numpyro_sgmc.sharding import data_layout  # noqa: E402
 from numpyro_sgmc.theory import stationary_covariance  # noqa: E402
 
 SGHMC_STEP = N * 2e-3**2  # h = n η² for Chen et al.'s η = 2e-3

@@ -20,8 +20,8 @@ from numpyro.infer.initialization import init_to_value
 
 from harness import Z_MAX, assert_law, run_chains
 from numpyro_sgmc import SGD, autotune, check_run, information, theory, warm_start
-from numpyro_sgmc.check import unconstrained_draws
-from numpyro_sgmc.subsample import full_data
+from numpyro_sgmc.data.subsample import full_data
+from numpyro_sgmc.tuner.check import unconstrained_draws
 from problems import (
     logistic_regression,
     make_logistic,

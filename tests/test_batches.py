@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from numpyro_sgmc.batches import batch_sampler, permuted_index, shuffle_rows
-from numpyro_sgmc.subsample import SubsamplePlate
+from numpyro_sgmc.data.batches import batch_sampler, permuted_index, shuffle_rows
+from numpyro_sgmc.data.subsample import SubsamplePlate
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 17, 1000, 12345, 2**16 + 1])

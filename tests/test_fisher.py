@@ -7,7 +7,7 @@ import numpyro
 import numpyro.distributions as dist
 import pytest
 
-from numpyro_sgmc.fisher import information
+from numpyro_sgmc.tuner.fisher import information
 from problems import (
     PRIOR_SCALE,
     linear_regression,

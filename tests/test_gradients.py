@@ -8,8 +8,8 @@ import pytest
 from jax.flatten_util import ravel_pytree
 
 from numpyro_sgmc import SGLD, SGLDFP
-from numpyro_sgmc.gradients import control_variates, full_data_gradient, minibatch
-from numpyro_sgmc.model import prepare_model
+from numpyro_sgmc.data.gradients import control_variates, full_data_gradient, minibatch
+from numpyro_sgmc.data.model import prepare_model
 from problems import (
     PRIOR_SCALE,
     linear_regression,

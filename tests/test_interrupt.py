@@ -32,7 +32,7 @@ _PRELUDE = textwrap.dedent(
     import jax, numpy as np
     from numpyro.infer import MCMC
     from numpyro_sgmc import SGLD, completed_samples, run_kernel
-    from numpyro_sgmc.progress import interrupts
+    from numpyro_sgmc.data.progress import interrupts
     from problems import linear_regression, make_linear_regression
 
     problem = make_linear_regression(n=1000)
@@ -256,7 +256,7 @@ def test_a_continuation_is_checked(problem, tmp_path):
 @pytest.mark.filterwarnings("ignore::numpyro_sgmc.diagnostics.StepSizeWarning")
 def test_interrupt_between_chunks_keeps_the_draws(problem, monkeypatch):
     """In process: a stop requested after the third chunk ends the run there."""
-    from numpyro_sgmc.progress import interrupts
+    from numpyro_sgmc.data.progress import interrupts
 
     polls = {"n": 0}
 

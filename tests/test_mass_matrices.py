@@ -14,7 +14,7 @@ from numpyro_sgmc.bde import (
     pairwise_cosine_similarity,
     parameterwise_mass,
 )
-from numpyro_sgmc.warmstart import WarmStart
+from numpyro_sgmc.tuner.warmstart import WarmStart
 from problems import flat_masses, make_two_groups, two_groups
 
 # member 0's statistics on a 2-3-1 network, chosen so that the layer means are round numbers

@@ -1,7 +1,7 @@
 """The same code on two processes: JAX's distributed runtime on localhost, CPU collectives.
 
 Two processes (``multihost_worker.py``), one CPU device each, join through
-:func:`numpyro_sgmc.distributed.initialize`; each shards its own half of the rows and runs
+:func:`numpyro_sgmc.running.distributed.initialize`; each shards its own half of the rows and runs
 sharded SGLD, the gradient all-reduced over both (Gloo, JAX's CPU collectives). A third
 process runs the same on two CPU devices of one process: the same layout, so the draws must be
 the same. The draws also have the stationary law of
@@ -24,7 +24,7 @@ import pytest
 from sharded_problem import law_prediction, problem
 
 from harness import Z_MAX, chain_estimates, z_scores
-from numpyro_sgmc.distributed import JOIN_TIMEOUT_EXIT_CODE
+from numpyro_sgmc.running.distributed import JOIN_TIMEOUT_EXIT_CODE
 
 pytestmark = pytest.mark.slow  # subprocesses: CI runs them, -m "not slow" skips them
 

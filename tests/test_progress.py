@@ -9,8 +9,8 @@ import pytest
 from numpyro.infer import MCMC
 
 from numpyro_sgmc import SGLD, completed_samples
+from numpyro_sgmc.data.progress import CHECK_SECONDS, EpochProgress, RunWatch, interrupts
 from numpyro_sgmc.diagnostics import InterruptWarning
-from numpyro_sgmc.progress import CHECK_SECONDS, EpochProgress, RunWatch, interrupts
 from problems import linear_regression, make_linear_regression
 
 

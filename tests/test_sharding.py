@@ -37,12 +37,14 @@ import pytest
 from numpyro.handlers import seed, trace
 
 from harness import Z_MAX
-from numpyro_sgmc import AdaSGHMC, distributed, shard_data, sharding
-from numpyro_sgmc.batches import BATCH_SAMPLING
-from numpyro_sgmc.gradients import minibatch
-from numpyro_sgmc.model import prepare_model
-from numpyro_sgmc.sharding import data_layout
-from numpyro_sgmc.subsample import plate_sizes, subsample_indices
+from numpyro_sgmc import AdaSGHMC, shard_data
+from numpyro_sgmc.data import sharding
+from numpyro_sgmc.data.batches import BATCH_SAMPLING
+from numpyro_sgmc.data.gradients import minibatch
+from numpyro_sgmc.data.model import prepare_model
+from numpyro_sgmc.data.sharding import data_layout
+from numpyro_sgmc.data.subsample import plate_sizes, subsample_indices
+from numpyro_sgmc.running import distributed
 from problems import gaussian_location, make_gaussian_location
 
 SCRIPT = Path(__file__).with_name("sharded_checks.py")

@@ -29,13 +29,13 @@ from user_models import (
 )
 
 from numpyro_sgmc import SGLD, autotune, check_run, theory
-from numpyro_sgmc.check import unconstrained_draws
+from numpyro_sgmc.data.model import prepare_model
 from numpyro_sgmc.diagnostics import (
     LinearizationWarning,
     RunCheckWarning,
     StepSizeWarning,
 )
-from numpyro_sgmc.model import prepare_model
+from numpyro_sgmc.tuner.check import unconstrained_draws
 
 
 def recipe(case, seed=0, **tune):

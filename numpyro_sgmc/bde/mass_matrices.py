@@ -45,7 +45,7 @@ GRANULARITIES = ("layer", "parameter")
 def adam_statistic(warm, statistic: str) -> dict:
     """Per-parameter statistic ``m_i`` of every member: site -> ``(K, ...)`` array.
 
-    :param warm: a :class:`~numpyro_sgmc.warmstart.WarmStart` (its optimizer must be Adam-like
+    :param warm: a :class:`~numpyro_sgmc.tuner.warmstart.WarmStart` (its optimizer must be Adam-like
         for the moments).
     :param str statistic: ``"gradient"`` (``|g|``, the last minibatch gradient),
         ``"first_moment"`` (``|μ|``) or ``"second_moment"`` (``sqrt(ν)``).
@@ -118,7 +118,7 @@ def parameterwise_mass(values: dict, max_ratio: float = 1e6) -> Diagonal:
 def mass_from_warm_start(warm, statistic: str = "first_moment", granularity: str = "layer"):
     """One §6 mass matrix per warm-start member, stacked for ``ChainInit(preconditioner=...)``.
 
-    :param warm: a :class:`~numpyro_sgmc.warmstart.WarmStart` with ``K`` members.
+    :param warm: a :class:`~numpyro_sgmc.tuner.warmstart.WarmStart` with ``K`` members.
     :param str statistic: ``"gradient"``, ``"first_moment"`` (default) or ``"second_moment"``.
     :param str granularity: ``"layer"`` (default; mean per site, min-normalised) or
         ``"parameter"``.
@@ -143,7 +143,7 @@ def chain_init(warm, statistic=None, granularity: str = "layer") -> ChainInit:
     Bayesian deep ensemble: chain ``k`` starts at mode ``k`` with the mass of its own Adam run,
     so no warm-up is needed.
 
-    :param warm: a :class:`~numpyro_sgmc.warmstart.WarmStart` with ``K`` members.
+    :param warm: a :class:`~numpyro_sgmc.tuner.warmstart.WarmStart` with ``K`` members.
     :param statistic: ``None`` (the kernel's own mass, e.g. the identity), ``"gradient"``,
         ``"first_moment"`` or ``"second_moment"`` (:func:`mass_from_warm_start`).
     :param str granularity: ``"layer"`` or ``"parameter"``.

@@ -10,7 +10,7 @@ Each factory returns a model ``model(X, y=None)`` with an isotropic Gaussian pri
 ``"conv0.bias"``, ``"conv1.kernel"``, …, ``"dense0.kernel"``, …), the index counting the
 layers of a kind in the order the input meets them and zero-padded when there are ten or more,
 so that sorting the names (the order of the flattened parameters, see
-:class:`~numpyro_sgmc.model.Layout`) keeps the layers in order. A sample site is
+:class:`~numpyro_sgmc.data.model.Layout`) keeps the layers in order. A sample site is
 the parameter group of the layer-wise preconditioners (``docs/theory.md`` §6): their
 statistics are averaged within a site, so one site per kernel and per bias gives every layer's
 weights and biases their own step size. The Gaussian-likelihood MLP with a learned

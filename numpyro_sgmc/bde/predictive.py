@@ -4,7 +4,7 @@ and the Gaussian negative log-likelihood.
 Draws are a dict of constrained values with a leading draw axis, site name -> ``(S, ...)``:
 what :meth:`numpyro.infer.MCMC.get_samples` returns, and equally the ``K`` modes of an
 ensemble (``warm_start(...).constrained``). The model is run on new inputs once per draw,
-with every subsample plate over all of its rows (:class:`~numpyro_sgmc.subsample.full_data`),
+with every subsample plate over all of its rows (:class:`~numpyro_sgmc.data.subsample.full_data`),
 so the model the kernels ran, ``batch_size`` and all, evaluates every test row::
 
     metrics = evaluate(kernel.model, mcmc.get_samples(), X_test, y=y_test)
@@ -27,7 +27,7 @@ import numpyro.distributions as dist
 from jax.scipy.special import logsumexp
 from numpyro.handlers import seed, substitute, trace
 
-from numpyro_sgmc.subsample import full_data
+from numpyro_sgmc.data.subsample import full_data
 
 __all__ = [
     "evaluate",
@@ -91,7 +91,7 @@ def predictive_distribution(
 
     For each draw ``θ_s`` this runs ``model(*args, **kwargs)`` with the latent sites
     substituted by ``θ_s`` and every subsample plate over all of its rows
-    (:class:`~numpyro_sgmc.subsample.full_data`), and records the distribution object of
+    (:class:`~numpyro_sgmc.data.subsample.full_data`), and records the distribution object of
     ``site``. NumPyro distributions are pytrees, so the ``S`` of them are returned as one
     distribution whose parameters have a leading draw axis; its ``batch_shape`` attribute is
     that of a single draw. Map over the draws with :func:`jax.vmap`, which works for every

@@ -1,4 +1,15 @@
-"""``numpyro.infer.MCMC`` kernels: the functional core, the shell and the named samplers."""
+"""The samplers (``docs/architecture.md``, ``docs/theory.md`` §2, §5).
+
+Owns the functional core (:mod:`~numpyro_sgmc.kernels.core`: ``build_kernel`` composes a
+gradient estimator, an integrator from :mod:`~numpyro_sgmc.kernels.diffusions` and an optional
+adaptation from :mod:`~numpyro_sgmc.kernels.adaptation` into pure ``(init, step)`` functions),
+the thin ``numpyro.infer.MCMC`` shell (:mod:`~numpyro_sgmc.kernels.shell`), the named kernels
+(:mod:`~numpyro_sgmc.kernels.sgld`, :mod:`~numpyro_sgmc.kernels.sghmc`), their step checks and
+``step_size="auto"`` (:mod:`~numpyro_sgmc.kernels.checks`,
+:mod:`~numpyro_sgmc.kernels.auto_step`, the power iteration of
+:mod:`~numpyro_sgmc.kernels.curvature`). It may import :mod:`numpyro_sgmc.data`,
+:mod:`numpyro_sgmc.theory` (for a kernel's own prediction) and the foundations; never the tuner.
+"""
 
 from numpyro_sgmc.kernels.core import Kernel, SGMCState, build_kernel
 from numpyro_sgmc.kernels.sghmc import SGHMC, AdaSGHMC

@@ -13,10 +13,10 @@ chain ``k`` separately (at its own start, with its own preconditioner or mass),
     \\hat\\lambda_k = 1.1\\,\\lambda_{\\max}(P_k J(\\theta_k)),
 
 with ``J = ∇²U/n`` from Hessian-vector products on a fixed batch of :data:`NUM_ROWS` random
-rows (:func:`~numpyro_sgmc.curvature.random_rows`; the plates scale the batch to an unbiased
+rows (:func:`~numpyro_sgmc.kernels.curvature.random_rows`; the plates scale the batch to an unbiased
 estimate of ``∇²U``), :data:`ITERATIONS` steps of the power iteration on ``PJ`` ending with the
 Rayleigh quotient ``vᵀJv / vᵀP⁻¹v``, raised by 10% for the iteration's shortfall and the
-batch's noise (as :func:`~numpyro_sgmc.curvature.largest_eigenvalue`), and the fraction
+batch's noise (as :func:`~numpyro_sgmc.kernels.curvature.largest_eigenvalue`), and the fraction
 ``f =`` :data:`FRACTION`. Away from a strict minimum the eigenvalue of largest magnitude can be
 negative (a saddle direction the mass leaves unscaled); the power iteration is then run again
 on ``PJ - λ₋I``, whose top eigenvalue is ``λmax - λ₋``: the step is set by the largest
@@ -51,8 +51,8 @@ import numpy as np
 from jax import random
 from numpyro.util import not_jax_tracer
 
-from numpyro_sgmc.curvature import host_rng, random_rows
-from numpyro_sgmc.model import potential, split_args
+from numpyro_sgmc.data.model import potential, split_args
+from numpyro_sgmc.kernels.curvature import host_rng, random_rows
 
 __all__ = [
     "FRACTION",

@@ -1,6 +1,6 @@
 """Checks a kernel runs at ``init``, before the first step, and the warnings they give.
 
-Each takes the prepared model's :class:`~numpyro_sgmc.model.ModelSpec` and the data as
+Each takes the prepared model's :class:`~numpyro_sgmc.data.model.ModelSpec` and the data as
 arguments of a compiled function (never compiled-in constants), and either returns, raises a
 ``ValueError`` that names the problem and the fix, or warns (:mod:`numpyro_sgmc.diagnostics`).
 """
@@ -17,6 +17,9 @@ import numpy as np
 from jax import random
 from numpyro.util import not_jax_tracer
 
+from numpyro_sgmc.data.gradients import full_data_gradient, minibatch
+from numpyro_sgmc.data.model import potential, split_args
+from numpyro_sgmc.data.subsample import first_batch
 from numpyro_sgmc.diagnostics import (
     CentreWarning,
     DataOrderWarning,
@@ -24,10 +27,7 @@ from numpyro_sgmc.diagnostics import (
     StepSizeWarning,
     warn,
 )
-from numpyro_sgmc.gradients import full_data_gradient, minibatch
 from numpyro_sgmc.kernels.core import tree_all_finite
-from numpyro_sgmc.model import potential, split_args
-from numpyro_sgmc.subsample import first_batch
 
 __all__ = [
     "StepCheck",
@@ -209,7 +209,7 @@ class StepCheck(NamedTuple):
 
     :param float step_size: ``h``.
     :param float lam_max: ``λmax(PJ)``, ``P`` the preconditioner ``Γ`` or ``M⁻¹``, ``J`` from
-        about 2,000 rows (:func:`~numpyro_sgmc.curvature.curvature`).
+        about 2,000 rows (:func:`~numpyro_sgmc.kernels.curvature.curvature`).
     :param float noise_ratio: ``tr(PI)/tr(PJ)`` there (about 1 at the mode of a well-specified
         model).
     :param float stability: ``h·λmax(PJ)``.

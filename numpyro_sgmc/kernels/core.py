@@ -2,10 +2,10 @@
 
 A kernel is a pure ``(init, step)`` pair over a typed :class:`SGMCState`, composed from
 
-* a gradient estimator (:mod:`numpyro_sgmc.gradients`): ``ĝ``, an unbiased estimate of the
+* a gradient estimator (:mod:`numpyro_sgmc.data.gradients`): ``ĝ``, an unbiased estimate of the
   average gradient ``-∇U/n`` (``docs/theory.md`` §1);
-* an integrator (:mod:`numpyro_sgmc.diffusions`): Langevin (SGLD, SGLD-FP, SGD) or SGHMC;
-* optionally an adaptation (:mod:`numpyro_sgmc.adaptation`): the iterate average or
+* an integrator (:mod:`numpyro_sgmc.kernels.diffusions`): Langevin (SGLD, SGLD-FP, SGD) or SGHMC;
+* optionally an adaptation (:mod:`numpyro_sgmc.kernels.adaptation`): the iterate average or
   AdaSGHMC's mass.
 
 It runs without ``numpyro.infer.MCMC`` (blackjax's pattern)::
@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax, random
 
-from numpyro_sgmc.model import Layout
+from numpyro_sgmc.data.model import Layout
 
 __all__ = ["Kernel", "SGMCState", "build_kernel", "draw", "tree_all_finite"]
 
@@ -42,8 +42,8 @@ class SGMCState(NamedTuple):
     :param momentum: the integrator's momentum, flat ``(d,)`` (SGHMC's ``r``); ``()`` for the
         first-order kernels.
     :param params: this chain's parameters (step size, preconditioners or mass, friction):
-        :class:`~numpyro_sgmc.diffusions.LangevinParams` or
-        :class:`~numpyro_sgmc.diffusions.SGHMCParams`.
+        :class:`~numpyro_sgmc.kernels.diffusions.LangevinParams` or
+        :class:`~numpyro_sgmc.kernels.diffusions.SGHMCParams`.
     :param estimator: the gradient estimator's state (batch sampler; control-variate centre).
     :param adaptation: the adaptation's state, or ``None``.
     :param rng_key: key for the next iteration.
@@ -53,7 +53,7 @@ class SGMCState(NamedTuple):
     :param divergence_iteration: the iteration (``i`` after it) of the first rejection; -1 if
         none.
     :param interrupted: whether the run was interrupted (Ctrl-C) before this draw, which was
-        then skipped (:class:`~numpyro_sgmc.progress.RunWatch`).
+        then skipped (:class:`~numpyro_sgmc.data.progress.RunWatch`).
     :param next_check: the iteration of the next host check for an interrupt in ``MCMC.run``.
     """
 
@@ -97,10 +97,10 @@ def build_kernel(
 ) -> Kernel:
     """The pure ``(init, step)`` pair of one chain (module docstring).
 
-    :param estimator: a :class:`~numpyro_sgmc.gradients.Estimator`.
-    :param integrator: a :class:`~numpyro_sgmc.diffusions.Integrator`.
+    :param estimator: a :class:`~numpyro_sgmc.data.gradients.Estimator`.
+    :param integrator: a :class:`~numpyro_sgmc.kernels.diffusions.Integrator`.
     :param layout: the flat order of the parameters.
-    :param adaptation: an :class:`~numpyro_sgmc.adaptation.Adaptation`, or ``None``.
+    :param adaptation: an :class:`~numpyro_sgmc.kernels.adaptation.Adaptation`, or ``None``.
     :param valid: ``valid(position, model_args, model_kwargs) -> bool``, an extra acceptance
         condition (finite constrained values); ``None`` accepts every finite step.
     """

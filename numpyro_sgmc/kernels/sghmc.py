@@ -6,9 +6,9 @@
          + \\sqrt{2\\eta T}\\,(C - \\hat B)^{1/2}\\xi, \\qquad
     \\theta' = \\theta + \\eta\\, M^{-1} r', \\qquad \\eta = \\sqrt{h/n}
 
-(Chen, Fox & Guestrin 2014), the :func:`~numpyro_sgmc.diffusions.sghmc` integrator with the
+(Chen, Fox & Guestrin 2014), the :func:`~numpyro_sgmc.kernels.diffusions.sghmc` integrator with the
 same estimators as the first-order kernels. ``step_size`` is ``h`` on the average-gradient
-scale, as for every kernel (:mod:`numpyro_sgmc.diffusions`): Chen et al.'s ``ε`` is
+scale, as for every kernel (:mod:`numpyro_sgmc.kernels.diffusions`): Chen et al.'s ``ε`` is
 ``η = sqrt(h/n)`` and the learning rate of their momentum form is ``h/n``.
 """
 
@@ -23,12 +23,12 @@ import numpy as np
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.util import not_jax_tracer
 
-from numpyro_sgmc.adaptation import mass_adaptation
-from numpyro_sgmc.curvature import curvature
-from numpyro_sgmc.diffusions import default_friction, sghmc, sghmc_params
+from numpyro_sgmc.kernels.adaptation import mass_adaptation
 from numpyro_sgmc.kernels.auto_step import Auto, auto_spec
 from numpyro_sgmc.kernels.checks import StepCheck
 from numpyro_sgmc.kernels.core import build_kernel
+from numpyro_sgmc.kernels.curvature import curvature
+from numpyro_sgmc.kernels.diffusions import sghmc, sghmc_params
 from numpyro_sgmc.kernels.sgld import needs_support_check
 from numpyro_sgmc.kernels.shell import (
     KernelOptions,
@@ -38,14 +38,14 @@ from numpyro_sgmc.kernels.shell import (
     valid_constrained,
 )
 from numpyro_sgmc.scales import Dense, Diagonal, check_type, prepare
-from numpyro_sgmc.theory.sghmc import sghmc_prediction
+from numpyro_sgmc.theory.sghmc import default_friction, sghmc_prediction
 
 __all__ = ["SGHMC", "AdaSGHMC", "SGHMCConfig", "build_sghmc", "sghmc_step_check"]
 
 
 class SGHMCConfig(NamedTuple):
     """The static (hashable) description of an SGHMC kernel; per-chain values are in the
-    state (:class:`~numpyro_sgmc.diffusions.SGHMCParams`)."""
+    state (:class:`~numpyro_sgmc.kernels.diffusions.SGHMCParams`)."""
 
     spec: object
     layout: object
@@ -395,7 +395,7 @@ class AdaSGHMC(SGHMC):
     The update is :class:`SGHMC`'s. During warm-up (the first ``num_warmup · num_steps``
     iterations) a diagonal mass is adapted from an exponential moving average of the squared
     gradient of the potential, ``M = diag(v̂^{1/2}) / min_i v̂_i^{1/2}``
-    (:func:`~numpyro_sgmc.adaptation.mass_adaptation`), the momentum rescaled with it; after
+    (:func:`~numpyro_sgmc.kernels.adaptation.mass_adaptation`), the momentum rescaled with it; after
     warm-up ``M`` is frozen, so the kept draws come from SGHMC with a fixed mass. The adapted
     mass is ``mcmc.last_state.params.mass``. With ``num_warmup=0`` nothing is adapted.
 

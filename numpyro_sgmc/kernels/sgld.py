@@ -5,7 +5,8 @@
     \\theta' = \\theta + \\tfrac{h}{2}\\,\\Gamma\\,\\hat g(\\theta)
               + \\sqrt{h/\\beta}\\;\\Lambda^{1/2}\\xi, \\qquad \\xi \\sim N(0, I_d)
 
-All three are the Langevin integrator (:func:`~numpyro_sgmc.diffusions.langevin`) with a choice
+All three are the Langevin integrator (:func:`~numpyro_sgmc.kernels.diffusions.langevin`) with a
+choice
 of gradient estimator and inverse temperature: SGLD-FP is SGLD with control variates, SGD is
 SGLD at ``β = ∞`` with the iterate average kept.
 """
@@ -19,12 +20,12 @@ import jax.numpy as jnp
 from numpyro.distributions.transforms import IdentityTransform, IndependentTransform
 from numpyro.infer.initialization import init_to_uniform
 
-from numpyro_sgmc.adaptation import iterate_average
-from numpyro_sgmc.curvature import curvature
-from numpyro_sgmc.diffusions import LangevinParams, langevin
+from numpyro_sgmc.kernels.adaptation import iterate_average
 from numpyro_sgmc.kernels.auto_step import auto_spec
 from numpyro_sgmc.kernels.checks import StepCheck
 from numpyro_sgmc.kernels.core import build_kernel
+from numpyro_sgmc.kernels.curvature import curvature
+from numpyro_sgmc.kernels.diffusions import LangevinParams, langevin
 from numpyro_sgmc.kernels.shell import (
     KernelOptions,
     SGMCKernel,
@@ -242,14 +243,14 @@ class SGLD(_Langevin):
         :class:`~numpyro_sgmc.ChainInit` gives per-chain values.
     :param noise_preconditioner: ``Λ``; ``None`` for ``Λ = Γ``.
     :param str batch_sampling: ``"with_replacement"`` (default), ``"without_replacement"``,
-        ``"epochs"`` or ``"blocks"`` (:mod:`~numpyro_sgmc.batches`); all O(b) per step.
+        ``"epochs"`` or ``"blocks"`` (:mod:`~numpyro_sgmc.data.batches`); all O(b) per step.
     :param int num_steps: iterations per MCMC draw (default 100, as HMC's leapfrog steps):
         ``num_samples`` draws cost ``num_samples · num_steps`` iterations. ``1`` keeps every
         iterate.
     :param init_strategy: NumPyro init strategy for chains not given ``init_params``.
     :param int chunk_size: rows per plate evaluated at once for full-data gradients.
     :param int progress_draws: show a progress bar in epochs for a run of this many draws
-        (warm-up included; :class:`~numpyro_sgmc.progress.EpochProgress`), updated from inside
+        (warm-up included; :class:`~numpyro_sgmc.data.progress.EpochProgress`), updated from inside
         the compiled loop about 100 times; for ``MCMC(..., progress_bar=False)``.
     """
 

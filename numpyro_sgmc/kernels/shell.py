@@ -1,7 +1,7 @@
 """The thin ``numpyro.infer.MCMC`` shell around the functional core of
 :mod:`numpyro_sgmc.kernels.core`.
 
-:class:`SGMCKernel` prepares the model (:func:`~numpyro_sgmc.model.prepare_model`), runs the
+:class:`SGMCKernel` prepares the model (:func:`~numpyro_sgmc.data.model.prepare_model`), runs the
 checks of ``numpyro_sgmc.kernels.checks``, gives every chain its own parameters and
 control-variate centre (in the state, so that ``chain_method="vectorized" | "sequential" |
 "parallel"`` all keep them per chain), and vectorises the draw once, at ``init``. The named kernels
@@ -23,15 +23,15 @@ from jax import random
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import identity, is_prng_key, not_jax_tracer
 
-from numpyro_sgmc import sharding, validation
-from numpyro_sgmc.batches import BATCH_SAMPLING
+from numpyro_sgmc.data import sharding, validation
+from numpyro_sgmc.data.batches import BATCH_SAMPLING
+from numpyro_sgmc.data.gradients import control_variates, full_data_gradient, minibatch
+from numpyro_sgmc.data.model import constrain, prepare_model, split_args, total_batch
+from numpyro_sgmc.data.progress import EpochProgress, RunWatch, interrupts
+from numpyro_sgmc.data.subsample import full_data
 from numpyro_sgmc.diagnostics import report_new_divergences
-from numpyro_sgmc.gradients import control_variates, full_data_gradient, minibatch
 from numpyro_sgmc.kernels import auto_step, checks
 from numpyro_sgmc.kernels.core import draw, tree_all_finite
-from numpyro_sgmc.model import constrain, prepare_model, split_args, total_batch
-from numpyro_sgmc.progress import EpochProgress, RunWatch, interrupts
-from numpyro_sgmc.subsample import full_data
 
 __all__ = [
     "ChainInit",
@@ -220,17 +220,17 @@ class SGMCKernel(MCMCKernel):
 
     @property
     def prepared(self):
-        """The :class:`~numpyro_sgmc.model.SubsampledModel` of the last ``init``."""
+        """The :class:`~numpyro_sgmc.data.model.SubsampledModel` of the last ``init``."""
         return self._prepared
 
     @property
     def plates(self) -> Optional[dict]:
-        """Plate name -> :class:`~numpyro_sgmc.subsample.SubsamplePlate` (after ``init``)."""
+        """Plate name -> :class:`~numpyro_sgmc.data.subsample.SubsamplePlate` (after ``init``)."""
         return None if self._prepared is None else {p.name: p for p in self._prepared.plates}
 
     @property
     def shards(self):
-        """The :class:`~numpyro_sgmc.sharding.DataLayout` of sharded data (after ``init``), or
+        """The :class:`~numpyro_sgmc.data.sharding.DataLayout` of sharded data (after ``init``), or
         ``None`` on one device."""
         return None if self._config is None else self._config.shards
 
@@ -360,7 +360,7 @@ class SGMCKernel(MCMCKernel):
         watch = RunWatch(type(self).__name__, self._num_steps, num_warmup, on_stop)
         draws = draws_of(type(self)._build, self._config, self._num_steps, batched)
         self._sample_fn = watch.guard(draws)
-        interrupts.arm()  # Ctrl-C stops the run and keeps its draws (numpyro_sgmc.progress)
+        interrupts.arm()  # Ctrl-C stops the run and keeps its draws (numpyro_sgmc.data.progress)
         self._diagnostics, self._warned_copies, self._warned_constants = None, False, False
         self._traced_bytes = 0
         return state
@@ -406,7 +406,7 @@ class SGMCKernel(MCMCKernel):
 
     def sample(self, state, model_args, model_kwargs):
         """One MCMC draw: ``num_steps`` iterations of the update in one compiled loop, or
-        none after a Ctrl-C (:class:`~numpyro_sgmc.progress.RunWatch`)."""
+        none after a Ctrl-C (:class:`~numpyro_sgmc.data.progress.RunWatch`)."""
         model_args, model_kwargs = validation.as_arrays(self._model, model_args, model_kwargs)
         concrete, self._traced_bytes = checks.data_bytes(model_args, model_kwargs)
         if not self._warned_constants:

@@ -20,14 +20,25 @@ from __future__ import annotations
 import math
 from typing import NamedTuple, Optional
 
+import jax.numpy as jnp
 import numpy as np
 import scipy.linalg
 
-from numpyro_sgmc.diffusions import default_friction
-from numpyro_sgmc.scales import Dense, as_scale
+from numpyro_sgmc.scales import Dense, Diagonal, Identity, as_scale
 from numpyro_sgmc.theory.linear import _unit, autocorrelation_times, long_run_covariance
 
-__all__ = ["SGHMCPrediction", "sghmc_prediction", "sghmc_recursion"]
+__all__ = ["SGHMCPrediction", "default_friction", "sghmc_prediction", "sghmc_recursion"]
+
+
+def default_friction(momentum_decay: float, step_size, num_data: int, mass, d: int):
+    """``C = (α/η) M`` with ``η = sqrt(h/n)``: ``η C M⁻¹ = α I``, so every coordinate's
+    momentum decays by the same factor ``1 - α`` per step (Springenberg et al. 2016's
+    choice). NumPy when ``step_size`` is a Python number (the predictions), JAX otherwise."""
+    factor = momentum_decay / (step_size / num_data) ** 0.5
+    if isinstance(mass, Identity):
+        ones = np.ones(d) if isinstance(factor, float) else jnp.ones(d)
+        return Diagonal(ones * factor)
+    return mass * factor
 
 
 def _sym(x) -> np.ndarray:
@@ -80,7 +91,7 @@ def sghmc_recursion(
     :param step_size: ``h`` (``η = sqrt(h/n)``).
     :param mass: ``M`` (SPD): ``None`` = identity, a scalar, ``(d,)``, ``(d, d)`` or a scale.
     :param friction: ``C`` likewise; ``None`` for ``C = (α/η) M``
-        (:func:`~numpyro_sgmc.diffusions.default_friction`).
+        (:func:`~default_friction`).
     :param momentum_decay: ``α`` of the default friction, in ``(0, 2)``.
     :param gradient_noise: ``B̂`` likewise; ``None`` = 0. ``C - B̂`` must be PSD.
     :param inverse_temperature: ``β``; ``None`` for ``n`` (``T = 1``); ``math.inf``: ``T = 0``.

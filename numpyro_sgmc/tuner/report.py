@@ -50,19 +50,19 @@ class TuningReport(NamedTuple):
     :param int num_data: ``n``.
     :param dict mode: unconstrained mode (``init_params`` for ``MCMC.run``).
     :param dict constrained_mode: the mode in constrained space.
-    :param information: the :class:`~numpyro_sgmc.fisher.Information` at the mode.
-    :param warm_start: the :class:`~numpyro_sgmc.warmstart.WarmStart` run.
-    :param layout: the :class:`~numpyro_sgmc.model.Layout` of the unconstrained vector.
+    :param information: the :class:`~numpyro_sgmc.tuner.fisher.Information` at the mode.
+    :param warm_start: the :class:`~numpyro_sgmc.tuner.warmstart.WarmStart` run.
+    :param layout: the :class:`~numpyro_sgmc.data.model.Layout` of the unconstrained vector.
     :param list constrained_layout: ``[(site, start, stop, shape)]`` of the constrained sites.
     :param dict transforms: site -> the transform from unconstrained to constrained values.
     :param list alternatives: ``(row, mixing_epochs or message)`` of every row considered.
     :param prediction_error: ``(d,)`` relative standard error of the predicted standard
         deviations: the rows used for ``J`` and ``I``, for a diagonal ``J`` its probes and the
         correlations it leaves out, and the log posterior's distance from a quadratic
-        (:func:`~numpyro_sgmc.laplace.fit`).
+        (:func:`~numpyro_sgmc.tuner.laplace.fit`).
     :param list nonlinearity: the log posterior along the target's widest directions against
-        the quadratic the predictions assume (:class:`~numpyro_sgmc.laplace.Nonlinearity`).
-    :param correlations: for a diagonal ``J``, the :class:`~numpyro_sgmc.laplace.Correlations`
+        the quadratic the predictions assume (:class:`~numpyro_sgmc.tuner.laplace.Nonlinearity`).
+    :param correlations: for a diagonal ``J``, the :class:`~numpyro_sgmc.tuner.laplace.Correlations`
         it leaves out: ``covariance`` is inflated by them and ``drift`` slowed (``None`` for a
         dense ``J``).
     """
@@ -104,7 +104,8 @@ class TuningReport(NamedTuple):
     def drift(self):
         """``F = I - (h/2)ΓJ``: the linearised chain ``δ' = Fδ + noise`` (§3). For a diagonal
         ``J``, each parameter's effective ``1 - (h/2)/c_j``, ``c_j`` its concentration on the
-        slow directions the diagonal leaves out (:class:`~numpyro_sgmc.laplace.Correlations`)."""
+        slow directions the diagonal leaves out
+        (:class:`~numpyro_sgmc.tuner.laplace.Correlations`)."""
         if self.correlations is not None:
             rate = 1.0 / np.asarray(self.correlations.concentration, np.float64)
             return scales.Diagonal(1.0 - 0.5 * self.step_size * rate)

@@ -4,7 +4,7 @@ A NumPyro model marks its data with ``numpyro.plate(name, n, subsample_size=b)``
 for SVI or :class:`~numpyro.infer.hmc_gibbs.HMCECS`. NumPyro's own plate draws its indices
 with a Fisher-Yates scan over ``arange(n)`` on CPU, which is O(n) per step, so the kernels
 never let it run: :class:`subsample_indices` hands every subsample plate the indices the
-kernel drew (:mod:`numpyro_sgmc.batches`; or, for a trace that only needs shapes, the first
+kernel drew (:mod:`numpyro_sgmc.data.batches`; or, for a trace that only needs shapes, the first
 ``b`` rows), and the plate keeps its ``n / b`` log-likelihood scaling for whatever batch
 length it is given (``docs/theory.md`` §1: ``Ũ`` scales the batch log-likelihood by ``n/b``).
 
@@ -99,7 +99,7 @@ class plate_sizes(Messenger):
     """Scale each subsample plate to its global size, whatever size the model declares.
 
     A plate declared with ``size`` rows and given ``m`` indices scales its log-likelihood by
-    ``size / m``. Inside the data-parallel estimator (:mod:`numpyro_sgmc.sharding`) a model
+    ``size / m``. Inside the data-parallel estimator (:mod:`numpyro_sgmc.data.sharding`) a model
     that takes its plate size from the data (``numpyro.plate("data", X.shape[0], ...)``)
     sees its shard's ``n_p / D`` rows; this handler multiplies the plate's factor by
     ``sizes[p] / size``, so that the batch is scaled by ``n_p / m`` as the estimator of

@@ -1,7 +1,8 @@
 """Check a run against its prediction and against evidence the prediction did not use.
 
 :func:`check_run` takes the ``MCMC`` object after ``run`` (or a
-:class:`~numpyro_sgmc.runner.KernelRun`) and the :class:`~numpyro_sgmc.report.TuningReport`,
+:class:`~numpyro_sgmc.running.runner.KernelRun`) and the
+:class:`~numpyro_sgmc.tuner.report.TuningReport`,
 maps the draws back to the unconstrained space the prediction lives in, and compares three
 estimates of every parameter's standard deviation, each with its own error:
 
@@ -35,16 +36,16 @@ from numpyro.diagnostics import effective_sample_size, split_gelman_rubin
 from scipy import stats
 
 from numpyro_sgmc.diagnostics import RunCheckWarning, warn
-from numpyro_sgmc.fisher import information_of
-from numpyro_sgmc.laplace import (
+from numpyro_sgmc.scales import Dense
+from numpyro_sgmc.theory import target_covariance
+from numpyro_sgmc.tuner.fisher import information_of
+from numpyro_sgmc.tuner.laplace import (
     Problem,
     correlations,
     linearity_error,
     prediction_error,
     with_correlations,
 )
-from numpyro_sgmc.scales import Dense
-from numpyro_sgmc.theory import target_covariance
 
 __all__ = ["RunCheck", "check_run", "unconstrained_draws"]
 
@@ -190,8 +191,8 @@ def check_run(
     independent estimate (module docstring).
 
     :param mcmc: a ``numpyro.infer.MCMC`` that ran the kernel :func:`autotune` returned, or
-        the :class:`~numpyro_sgmc.runner.KernelRun` of :func:`~numpyro_sgmc.run_kernel`.
-    :param report: its :class:`~numpyro_sgmc.report.TuningReport`.
+        the :class:`~numpyro_sgmc.running.runner.KernelRun` of :func:`~numpyro_sgmc.run_kernel`.
+    :param report: its :class:`~numpyro_sgmc.tuner.report.TuningReport`.
     :param bool independent: recompute ``J`` and ``I`` from fresh rows at the run's mean (as
         many rows as the tuner used: about the cost of the tuner's information step).
     :param model_args: the data the run used; default the ones ``mcmc`` ran on.

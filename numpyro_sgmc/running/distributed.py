@@ -3,7 +3,7 @@
 One process per host (or per group of devices) runs the same script. Each calls
 :func:`initialize` before any other JAX work; afterwards :func:`jax.devices` lists every
 process's devices, :func:`numpyro_sgmc.shard_data` builds global arrays from each process's
-own rows, and the kernels' data-parallel estimator (:mod:`numpyro_sgmc.sharding`) all-reduces
+own rows, and the kernels' data-parallel estimator (:mod:`numpyro_sgmc.data.sharding`) all-reduces
 the gradient over all hosts through JAX's collectives (on CPU: Gloo, JAX's default CPU
 collectives). Every process computes the same chain and gets the same draws.
 
@@ -13,7 +13,7 @@ coordinator (process 0), and when one never arrives the runtime terminates the p
 C++ after its own timeout, with a message about a "DEADLINE_EXCEEDED" RPC. Here a process that
 cannot reach the coordinator raises :class:`DistributedInitError`, and a process still waiting
 for the others when ``timeout`` expires prints which run it was waiting for and exits with
-status :data:`~numpyro_sgmc.distributed.JOIN_TIMEOUT_EXIT_CODE` (it cannot raise: it is
+status :data:`~numpyro_sgmc.running.distributed.JOIN_TIMEOUT_EXIT_CODE` (it cannot raise: it is
 blocked inside the runtime).
 
 Launch recipe (SLURM, one process per host): see ``docs/distributed.md``.
@@ -115,7 +115,7 @@ def initialize(
     :raises DistributedInitError: invalid arguments, JAX already initialised, or (for a
         process other than 0) the coordinator unreachable within ``timeout``. A process whose
         peers do not all join within ``timeout`` exits with status
-        :data:`~numpyro_sgmc.distributed.JOIN_TIMEOUT_EXIT_CODE` after printing why.
+        :data:`~numpyro_sgmc.running.distributed.JOIN_TIMEOUT_EXIT_CODE` after printing why.
     """
     if jax.distributed.is_initialized():
         raise DistributedInitError("numpyro_sgmc.distributed.initialize was already called.")

@@ -20,7 +20,7 @@ steps need is kept: the mode, Adam's moments ``μ`` and ``ν`` and its last mini
 full-data average gradient at the mode (one chunked pass) and the loss trace.
 
 **Convergence check.** With ``g`` the full-data average gradient at the end and ``J`` the
-curvature per datum there (:func:`numpyro_sgmc.fisher.information` on a subsample of rows),
+curvature per datum there (:func:`numpyro_sgmc.tuner.fisher.information` on a subsample of rows),
 ``sqrt(n gᵀJ⁻¹g)`` is how many posterior standard deviations the mode found is from a zero of
 the gradient. A restart farther than ``tol`` gets a
 :class:`~numpyro_sgmc.diagnostics.ConvergenceWarning` with its numbers.
@@ -39,15 +39,15 @@ import optax
 from jax import lax, random
 from numpyro.infer.initialization import init_to_uniform
 
-from numpyro_sgmc import validation
-from numpyro_sgmc.batches import batch_sampler
-from numpyro_sgmc.curvature import host_rng, random_rows
+from numpyro_sgmc.data import validation
+from numpyro_sgmc.data.batches import batch_sampler
+from numpyro_sgmc.data.gradients import full_data_gradient
+from numpyro_sgmc.data.model import constrained, potential, prepare_model, split_args
 from numpyro_sgmc.diagnostics import ConvergenceWarning, warn
-from numpyro_sgmc.fisher import information_of
-from numpyro_sgmc.gradients import full_data_gradient
-from numpyro_sgmc.laplace import DENSE_MAX_DIM
-from numpyro_sgmc.model import constrained, potential, prepare_model, split_args
-from numpyro_sgmc.rowsums import fisher_diagonal, global_terms
+from numpyro_sgmc.kernels.curvature import host_rng, random_rows
+from numpyro_sgmc.tuner.fisher import information_of
+from numpyro_sgmc.tuner.laplace import DENSE_MAX_DIM
+from numpyro_sgmc.tuner.rowsums import fisher_diagonal, global_terms
 
 __all__ = ["WarmStart", "warm_start", "warm_start_of"]
 

@@ -3,18 +3,18 @@ to trust them.
 
 :func:`fit` takes the warm start's mode and
 
-1. estimates ``J`` and ``I`` there (:func:`~numpyro_sgmc.fisher.information`), dense up to
+1. estimates ``J`` and ``I`` there (:func:`~numpyro_sgmc.tuner.fisher.information`), dense up to
    :data:`DENSE_MAX_DIM` parameters and diagonal above;
 2. polishes the mode by damped Newton steps with the exact full-data gradient
    (:func:`newton_polish`), whose length in posterior sds is the convergence test, relative to
    the curvature;
 3. controls the prediction's own error: the jackknife standard error of the predicted
-   standard deviations (:meth:`~numpyro_sgmc.fisher.Information.jackknife`), from the rows
+   standard deviations (:meth:`~numpyro_sgmc.tuner.fisher.Information.jackknife`), from the rows
    used, is brought under ``tolerance`` by adding rows, up to all ``n`` (one chunked pass is
    cheap next to sampling); a diagonal ``J`` gets Hutchinson probes until its own error is
    small, and the correlations it leaves out are counted in the error;
 4. estimates the noise control variates leave, at the law the chain samples
-   (:func:`~numpyro_sgmc.fisher.control_variate_noise`);
+   (:func:`~numpyro_sgmc.tuner.fisher.control_variate_noise`);
 5. checks that the log posterior is close to its local quadratic along the target's widest
    directions (:func:`linearity`), which is what every prediction assumes: separable classes
    (no finite mode), a boundary or a heavy tail are said, with numbers.
@@ -31,14 +31,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from numpyro_sgmc.curvature import host_rng, random_rows
+from numpyro_sgmc.data.gradients import exact_gradient
+from numpyro_sgmc.data.model import potential, split_args
+from numpyro_sgmc.data.subsample import Batch
 from numpyro_sgmc.diagnostics import ConvergenceWarning, LinearizationWarning, warn
-from numpyro_sgmc.fisher import choose_rows, control_variate_noise, information_of
-from numpyro_sgmc.gradients import exact_gradient
-from numpyro_sgmc.model import potential, split_args
+from numpyro_sgmc.kernels.curvature import host_rng, random_rows
 from numpyro_sgmc.scales import Diagonal, positive_definite
-from numpyro_sgmc.subsample import Batch
 from numpyro_sgmc.theory import target_covariance
+from numpyro_sgmc.tuner.fisher import choose_rows, control_variate_noise, information_of
 
 __all__ = [
     "DENSE_MAX_DIM",
@@ -79,7 +79,7 @@ class Fit(NamedTuple):
     """The mode, the information there and how far to trust them.
 
     :param dict mode: the polished mode (unconstrained).
-    :param information: the :class:`~numpyro_sgmc.fisher.Information` there.
+    :param information: the :class:`~numpyro_sgmc.tuner.fisher.Information` there.
     :param float newton_step: the first Newton step's length, in posterior sds.
     :param int passes: extra passes over the data the Newton steps made.
     :param prediction_error: ``(d,)`` relative standard error of the predicted standard

@@ -12,7 +12,7 @@ gradients can serve it, and returns a :class:`SubsampledModel`:
   prediction is written;
 * the starting values of the init strategy and the constraining transforms.
 
-:func:`potential` is the model's potential ``Ũ(z)`` on a :class:`~numpyro_sgmc.subsample.Batch`
+:func:`potential` is the model's potential ``Ũ(z)`` on a :class:`~numpyro_sgmc.data.subsample.Batch`
 of indices (NumPyro scales the batch log-likelihood by ``n_p/b_p``, ``docs/theory.md`` §1),
 and :func:`constrain` maps unconstrained values back, with the deterministic sites. Both are
 pure functions of the spec, the position, the indices and the data, so the data reach every
@@ -43,9 +43,8 @@ from numpyro.infer.util import constrain_fn, potential_energy
 from numpyro.primitives import _PYRO_STACK, Messenger, plate
 from numpyro.util import is_prng_key, not_jax_tracer
 
-from numpyro_sgmc import validation
-from numpyro_sgmc.diagnostics import PerformanceWarning, warn
-from numpyro_sgmc.subsample import (
+from numpyro_sgmc.data import validation
+from numpyro_sgmc.data.subsample import (
     Batch,
     SubsamplePlate,
     data_indexed_model,
@@ -53,6 +52,7 @@ from numpyro_sgmc.subsample import (
     first_rows,
     plate_sites,
 )
+from numpyro_sgmc.diagnostics import PerformanceWarning, warn
 
 __all__ = [
     "ArgStructure",
@@ -82,7 +82,7 @@ class ModelSpec(NamedTuple):
     """The hashable description of a subsampled model: a static argument of compiled code.
 
     :param model: the user's NumPyro model.
-    :param tuple plates: its subsample plates, :class:`~numpyro_sgmc.subsample.SubsamplePlate`
+    :param tuple plates: its subsample plates, :class:`~numpyro_sgmc.data.subsample.SubsamplePlate`
         sorted by name, with the batch size the kernel draws.
     """
 
@@ -284,7 +284,7 @@ def prepare_model(
     The model and its data are checked on this first trace, before anything compiles
     (``docs/bad-input.md``): every plate against the data it subsamples, every site
     (``_check_sites``), and the data for NaN and infinite values in one chunked pass
-    (``numpyro_sgmc.validation.check_finite_data``); a plate whose indices the model
+    (``numpyro_sgmc.data.validation.check_finite_data``); a plate whose indices the model
     uses itself (``X[idx]``) is evaluated once on its last rows, where an index past the data
     is an error rather than JAX's silent clamp.
 
@@ -294,7 +294,7 @@ def prepare_model(
         or a per-datum, latent site; a second subsample plate nested inside a subsample plate;
         an unknown plate name; non-finite data.
     :raises TypeError: a pandas object or a non-numeric array among the model arguments
-        (``numpyro_sgmc.validation.as_arrays`` converts them first where a kernel runs).
+        (``numpyro_sgmc.data.validation.as_arrays`` converts them first where a kernel runs).
     :raises RuntimeError: no starting point with a finite potential.
     """
     model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
@@ -719,7 +719,7 @@ def _check_indexing(spec, z, model_args, model_kwargs, plates: list):
 def chunked_batches(plates: tuple, chunk_size: int, num_shards: int = 1):
     """``(num_chunks, batch_of)``: every plate split into the same number of contiguous chunks
     of at most ``chunk_size`` rows; ``batch_of(c)`` is chunk ``c`` as a weighted
-    :class:`~numpyro_sgmc.subsample.Batch` (each row weight 1, padding weight 0, the prior
+    :class:`~numpyro_sgmc.data.subsample.Batch` (each row weight 1, padding weight 0, the prior
     weighted ``1/(chunks · shards)``), so the chunks' potentials sum to the exact full-data
     potential (over ``num_shards`` shards)."""
     num_chunks = max(math.ceil(p.size / chunk_size) for p in plates)

@@ -24,7 +24,7 @@ calls with the same state and key see the same batch.
   at ``init`` (:func:`full_data_gradient`); the prior terms cancel, which gives the formula of
   §1 (Baker, Fearnhead, Fox & Nemeth 2019, "Control variates for stochastic gradient MCMC").
 
-The data-parallel estimator over sharded data is :func:`numpyro_sgmc.sharding.minibatch`,
+The data-parallel estimator over sharded data is :func:`numpyro_sgmc.data.sharding.minibatch`,
 which :func:`control_variates` wraps the same way.
 """
 
@@ -37,8 +37,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from numpyro_sgmc.batches import batch_sampler
-from numpyro_sgmc.model import ModelSpec, chunked_batches, potential, split_args
+from numpyro_sgmc.data.batches import batch_sampler
+from numpyro_sgmc.data.model import ModelSpec, chunked_batches, potential, split_args
 
 __all__ = [
     "Centre",
@@ -94,7 +94,7 @@ def batch_gradient(spec: ModelSpec) -> Callable:
 
 def minibatch(spec: ModelSpec, batch_sampling: str = "with_replacement") -> Estimator:
     """The minibatch estimator ``ĝ(θ) = -∇Ũ(θ)/n``, batches drawn by ``batch_sampling``
-    (:mod:`~numpyro_sgmc.batches`, O(b) per step). Its state is the batch sampler's."""
+    (:mod:`~numpyro_sgmc.data.batches`, O(b) per step). Its state is the batch sampler's."""
     sampler = batch_sampler(spec.plates, batch_sampling)
     gradient = batch_gradient(spec)
 
@@ -146,12 +146,12 @@ def full_data_gradient(
 
     Every plate is split into the same number ``C`` of contiguous chunks (the last padded with
     weight-0 rows); chunk ``c`` is evaluated with each datum weighted 1 and the prior weighted
-    ``1/C`` (:func:`~numpyro_sgmc.model.chunked_batches`), so the chunk gradients sum to the
+    ``1/C`` (:func:`~numpyro_sgmc.data.model.chunked_batches`), so the chunk gradients sum to the
     full gradient exactly. Memory is O(chunk_size) whatever ``n``.
 
     :param str axis_name: ``None`` on one device. Otherwise this runs on one shard inside
         :func:`jax.shard_map` over that mesh axis of ``D`` shards
-        (:mod:`~numpyro_sgmc.sharding`): ``rows`` are the shard's plates (``n_p/D`` rows), its
+        (:mod:`~numpyro_sgmc.data.sharding`): ``rows`` are the shard's plates (``n_p/D`` rows), its
         chunks weight the prior ``1/(CD)``, and the shards' sums are added with
         :func:`jax.lax.psum`, so every shard returns the gradient over all rows, the prior
         counted once.

@@ -1,7 +1,7 @@
 """Batch index samplers: O(b) time and memory per step, whatever the data size ``n``.
 
 Each sampler is an ``(init, draw)`` pair (as optax's transformations): ``init(rng_key)``
-gives its state, ``draw(state, rng_key)`` a :class:`~numpyro_sgmc.subsample.Batch` of indices
+gives its state, ``draw(state, rng_key)`` a :class:`~numpyro_sgmc.data.subsample.Batch` of indices
 for every subsample plate and the next state.
 
 * ``"with_replacement"`` (default): ``b`` independent uniform indices; the gradient noise
@@ -36,7 +36,7 @@ from typing import Callable, NamedTuple, Optional
 import jax.numpy as jnp
 from jax import lax, random
 
-from numpyro_sgmc.subsample import Batch
+from numpyro_sgmc.data.subsample import Batch
 
 __all__ = [
     "BATCH_SAMPLING",
@@ -128,12 +128,13 @@ def batch_sampler(
     plates: tuple, method: str = "with_replacement", shard_axis: Optional[str] = None
 ) -> BatchSampler:
     """The batch sampler ``method`` (one of :data:`BATCH_SAMPLING`) for ``plates`` (a tuple of
-    :class:`~numpyro_sgmc.subsample.SubsamplePlate`, sorted by name).
+    :class:`~numpyro_sgmc.data.subsample.SubsamplePlate`, sorted by name).
 
     A plate whose batch size equals its size always gets ``arange(n)``: the full data.
 
     :param str shard_axis: ``None`` for one device. Otherwise the sampler draws one shard's
-        indices inside :func:`jax.shard_map` over this mesh axis (:mod:`~numpyro_sgmc.sharding`):
+        indices inside :func:`jax.shard_map` over this mesh axis
+        (:mod:`~numpyro_sgmc.data.sharding`):
         ``plates`` are then the shard's (``n_p/D`` rows, batch ``b_p/D``), the state and the key
         are the same on every shard, and shard ``d`` folds ``d`` into the key
         (:func:`jax.random.fold_in`), so the ``D`` shards draw independent batches, each of its

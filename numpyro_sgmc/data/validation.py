@@ -4,7 +4,7 @@ Every entry point that takes data (a kernel's ``init`` under ``numpyro.infer.MCM
 :func:`~numpyro_sgmc.run_kernel`, :func:`~numpyro_sgmc.autotune`) passes the model arguments
 through :func:`as_arrays` once: pandas objects, lists of numbers and NumPy arrays of any
 numeric dtype become NumPy arrays of JAX's dtype (``float32``, ``int32`` by default), so that
-no compiled call converts them again. :func:`~numpyro_sgmc.model.prepare_model` then checks
+no compiled call converts them again. :func:`~numpyro_sgmc.data.model.prepare_model` then checks
 the data once, on the model's first trace, with :func:`check_finite_data` (one chunked pass:
 a NaN or an infinite value makes the gradient of every batch that holds it non-finite,
 ``docs/theory.md`` §1). The option checks (:func:`positive_int`, :func:`positive_number`, ...)

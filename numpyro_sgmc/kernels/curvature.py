@@ -21,9 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import random
 
-from numpyro_sgmc.gradients import minibatch
-from numpyro_sgmc.model import potential, split_args
-from numpyro_sgmc.subsample import Batch
+from numpyro_sgmc.data.gradients import minibatch
+from numpyro_sgmc.data.model import potential, split_args
+from numpyro_sgmc.data.subsample import Batch
 
 __all__ = ["Curvature", "curvature", "host_rng", "key_seed", "largest_eigenvalue", "random_rows"]
 

@@ -11,9 +11,9 @@ Shard the per-datum arrays along their leading (plate) axis over a 1-D device me
 At ``init`` the kernel finds the sharded arguments (:func:`data_layout`) and estimates every
 gradient inside :func:`jax.shard_map` over the mesh's data axis of ``D`` devices. Device ``d``
 draws ``b_p/D`` indices among its own ``n_p/D`` rows of each subsample plate ``p``
-(:func:`~numpyro_sgmc.batches.batch_sampler` with ``shard_axis``, O(b/D) per step), evaluates
+(:func:`~numpyro_sgmc.data.batches.batch_sampler` with ``shard_axis``, O(b/D) per step), evaluates
 the model on them with the plate scaled to the *global* size
-(:class:`~numpyro_sgmc.subsample.plate_sizes`), and the ``D`` estimates are averaged with
+(:class:`~numpyro_sgmc.data.subsample.plate_sizes`), and the ``D`` estimates are averaged with
 :func:`jax.lax.pmean`:
 
 .. math::
@@ -33,14 +33,14 @@ covariance of the per-datum gradients: ``I`` of ``docs/theory.md`` §2–§3 up 
 ``O(D/n)`` when the rows are in random order (``Ī ≤ I`` always: the between-shard part is left
 out), so the single-device predictions of :mod:`numpyro_sgmc.theory` hold. The control-variate
 centre's full-data gradient is summed over the shards with :func:`jax.lax.psum`, the prior weighted
-``1/D`` on each (:func:`~numpyro_sgmc.gradients.full_data_gradient`).
+``1/D`` on each (:func:`~numpyro_sgmc.data.gradients.full_data_gradient`).
 
 Everything else (the position update and its Langevin noise, the momentum, the batch sampler's
 state) is computed from the same key on every device, so the chain is the same on all of
 them. With ``D = 1``, or with full-data gradients (``batch_size = n``), the draws are those of
 the single-device kernel for the same key (up to the order of floating-point sums).
 
-Multi-host: call :func:`numpyro_sgmc.distributed.initialize` first; :func:`shard_data` then
+Multi-host: call :func:`numpyro_sgmc.running.distributed.initialize` first; :func:`shard_data` then
 builds the global arrays from each process's own rows. See ``docs/distributed.md``.
 """
 
@@ -54,10 +54,10 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from numpyro.util import not_jax_tracer
 
-from numpyro_sgmc import gradients
-from numpyro_sgmc.batches import batch_sampler
-from numpyro_sgmc.gradients import Estimator, batch_gradient
-from numpyro_sgmc.model import split_args
+from numpyro_sgmc.data import gradients
+from numpyro_sgmc.data.batches import batch_sampler
+from numpyro_sgmc.data.gradients import Estimator, batch_gradient
+from numpyro_sgmc.data.model import split_args
 
 __all__ = [
     "DataLayout",
@@ -88,8 +88,8 @@ def shard_data(*arrays, mesh: Optional[Mesh] = None, axis_name: str = "data"):
     Each array's rows are split into ``D`` equal blocks, block ``d`` on the ``d``-th device of
     the mesh axis (``NamedSharding(mesh, P(axis_name))``); the kernels then estimate
     gradients data-parallel (module docstring). In a single process the arrays are the whole
-    data; in a multi-host run (after :func:`numpyro_sgmc.distributed.initialize`) each process
-    passes *its own rows*, the same number on every process, and the global array is their
+    data; in a multi-host run (after :func:`numpyro_sgmc.running.distributed.initialize`) each
+    process passes *its own rows*, the same number on every process, and the global array is their
     concatenation in process order (:func:`jax.make_array_from_process_local_data`).
 
     :param arrays: arrays with the same number of rows (the plate's data: covariates,
@@ -383,9 +383,10 @@ def _split_args(layout: DataLayout, model_args, model_kwargs):
 
 def minibatch(layout: DataLayout, spec, method: str = "with_replacement") -> Estimator:
     """The data-parallel minibatch estimator (module docstring), an
-    :class:`~numpyro_sgmc.gradients.Estimator` like :func:`numpyro_sgmc.gradients.minibatch`.
+    :class:`~numpyro_sgmc.data.gradients.Estimator` like
+    :func:`numpyro_sgmc.data.gradients.minibatch`.
 
-    :param spec: the model's :class:`~numpyro_sgmc.model.ModelSpec` with its global plates.
+    :param spec: the model's :class:`~numpyro_sgmc.data.model.ModelSpec` with its global plates.
     :param str method: the batch sampling, applied on each shard.
     """
     local = shard_plates(spec.plates, layout.num_shards, layout.axis_name)
@@ -421,7 +422,7 @@ def full_data_gradient(layout: DataLayout, spec, chunk_size: int = 65536) -> Cal
     """``full(position, model_args, model_kwargs) -> -∇U(θ)/n``, exact, summed over shards.
 
     Each device evaluates its ``n/D`` rows in chunks (prior weighted ``1/D``) and the shards
-    are added with :func:`jax.lax.psum` (:func:`numpyro_sgmc.gradients.full_data_gradient`).
+    are added with :func:`jax.lax.psum` (:func:`numpyro_sgmc.data.gradients.full_data_gradient`).
     """
     local = shard_plates(spec.plates, layout.num_shards, layout.axis_name)
     replicated = PartitionSpec()

@@ -1,7 +1,7 @@
 """Information matrices at a mode: ``J``, ``I`` and the sandwich ``S``, with their own error.
 
 Notation of ``docs/theory.md`` §1 (``U(θ) = -log p0(θ) - Σ_i l(θ; X_i)``): at the mode ``θ̂``
-(unconstrained coordinates, flattened in :class:`~numpyro_sgmc.model.Layout` order)
+(unconstrained coordinates, flattened in :class:`~numpyro_sgmc.data.model.Layout` order)
 
 .. math::
 
@@ -12,7 +12,7 @@ Notation of ``docs/theory.md`` §1 (``U(θ) = -log p0(θ) - Σ_i l(θ; X_i)``): 
 and ``J_prior = ∇²(-log p0)(θ̂)/n`` collects every term outside the subsample plates (prior,
 log-det-Jacobians, global observations), so that ``∇²U(θ̂)/n = J + J_prior`` is the curvature
 the predictions use. The per-datum terms come from the model's own plates by weighting the data
-(:mod:`numpyro_sgmc.rowsums`), so nothing here writes a likelihood by hand.
+(:mod:`numpyro_sgmc.tuner.rowsums`), so nothing here writes a likelihood by hand.
 
 **The estimate's own error.** From ``m < n`` rows, ``J`` and ``I`` are estimates. The rows are
 visited in ``G = 8`` groups, and :meth:`Information.jackknife` gives the standard error of any
@@ -31,11 +31,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from numpyro_sgmc import scales
-from numpyro_sgmc.curvature import host_rng
-from numpyro_sgmc.model import Layout, num_data, prepare_model, split_args
-from numpyro_sgmc.rowsums import global_terms, plate_sums, probe_spread
+from numpyro_sgmc.data.model import Layout, num_data, prepare_model, split_args
+from numpyro_sgmc.kernels.curvature import host_rng
 from numpyro_sgmc.scales import Dense, Diagonal
 from numpyro_sgmc.theory.linear import GradientNoise
+from numpyro_sgmc.tuner.rowsums import global_terms, plate_sums, probe_spread
 
 __all__ = ["Information", "control_variate_noise", "information", "information_of"]
 
@@ -59,9 +59,9 @@ class Information(NamedTuple):
     :param mean_gradient: ``(d,)`` ``ĝ = -∇U(z)/n`` (prior included), from the rows used.
     :param int num_data: ``n = Σ_p n_p``.
     :param int num_rows: ``m``, the rows used (``n``, or a uniform subsample).
-    :param tuple plates: the model's :class:`~numpyro_sgmc.subsample.SubsamplePlate` s.
+    :param tuple plates: the model's :class:`~numpyro_sgmc.data.subsample.SubsamplePlate` s.
     :param dict plate_covariances: plate name -> ``Cov_p`` (a scale).
-    :param layout: the :class:`~numpyro_sgmc.model.Layout` of the parameters.
+    :param layout: the :class:`~numpyro_sgmc.data.model.Layout` of the parameters.
     :param float regularization: ridge added to ``J`` (0.0 if none).
     :param int num_probes: Hutchinson probes behind a diagonal ``J`` (0 for dense).
     :param tuple replicates: the leave-one-group-out ``(J, I)`` of the jackknife.
@@ -310,7 +310,7 @@ def information_of(
     regularize=None,
     num_probes=64,
 ) -> Information:
-    """:func:`information` on a prepared model (:func:`~numpyro_sgmc.model.prepare_model`)."""
+    """:func:`information` on a prepared model (:func:`~numpyro_sgmc.data.model.prepare_model`)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be 'dense' or 'diagonal', got {kind!r}")
     if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
@@ -429,7 +429,7 @@ def control_variate_noise(prepared, rng_key, model_args, model_kwargs, params, c
                           num_rows=2000, num_probes=64, kind="dense") -> dict:  # fmt: skip
     """Per plate, ``M̂_p = mean_k Cov_{i∈p}[∇l_i(θ̂ + δ_k) - ∇l_i(θ̂)]`` with ``E[δδᵀ] = Σ``: the
     covariance of the control-variate gradient's noise, per datum, over the law ``Σ`` the chain
-    samples (:func:`~numpyro_sgmc.rowsums.probe_spread`). Its per-step noise is
+    samples (:func:`~numpyro_sgmc.tuner.rowsums.probe_spread`). Its per-step noise is
     ``Σ_p (n_p/n)² M̂_p / b_p`` (:func:`plate_noise`). With ``d <= num_probes`` the probes are
     ``√d`` times the columns of ``Σ^{1/2}`` (exact for a linear gradient); above, ``num_probes``
     draws of ``N(0, Σ)`` (relative error ``√(2/K)``). ``O(probes · rows · d)`` work, and

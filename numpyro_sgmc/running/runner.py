@@ -40,7 +40,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax, random
 
-from numpyro_sgmc import validation
+from numpyro_sgmc.data import validation
+from numpyro_sgmc.data.model import constrain, split_args, total_batch
+from numpyro_sgmc.data.progress import EpochProgress, interrupts
 from numpyro_sgmc.diagnostics import (
     DivergenceWarning,
     InterruptWarning,
@@ -49,8 +51,6 @@ from numpyro_sgmc.diagnostics import (
 )
 from numpyro_sgmc.kernels.core import draw
 from numpyro_sgmc.kernels.shell import SGMCKernel
-from numpyro_sgmc.model import constrain, split_args, total_batch
-from numpyro_sgmc.progress import EpochProgress, interrupts
 
 __all__ = ["CHUNK_SECONDS", "KernelRun", "completed_samples", "load_run", "run_kernel"]
 
@@ -166,14 +166,14 @@ def run_kernel(
         ``None`` with ``previous``.
     :param model_args: the model's data, passed to the compiled chunks as arguments (pandas
         objects, lists and NumPy arrays are converted once,
-        ``numpyro_sgmc.validation.as_arrays``).
+        ``numpyro_sgmc.data.validation.as_arrays``).
     :param int num_samples: draws kept (by this call).
     :param int num_warmup: draws run first and not kept.
     :param int thinning: keep every ``thinning``-th draw.
     :param int num_chains: chains, vectorised in one loop.
     :param init_params: as for ``MCMC.run`` (a dict, or a :class:`~numpyro_sgmc.ChainInit`).
     :param bool progress_bar: show the kernel's epoch progress bar
-        (:class:`~numpyro_sgmc.progress.EpochProgress`), moved after every chunk.
+        (:class:`~numpyro_sgmc.data.progress.EpochProgress`), moved after every chunk.
     :param dict model_kwargs: the model's keyword arguments.
     :param previous: a :class:`KernelRun` of this kernel to continue (its last state, the
         rest of its warm-up, its thinning and chains) on data of the same shapes: the result
@@ -546,7 +546,7 @@ def completed_samples(mcmc, group_by_chain: bool = False) -> dict:
 
     After an interrupt, ``MCMC`` still returns ``num_samples`` draws per chain; those after
     the interrupt repeat the last state and are flagged in the ``interrupted`` field
-    (:class:`~numpyro_sgmc.progress.RunWatch`). This drops them: each chain's draws before it,
+    (:class:`~numpyro_sgmc.data.progress.RunWatch`). This drops them: each chain's draws before it,
     concatenated (or, with ``group_by_chain``, cut to the shortest chain's).
     """
     fields = mcmc.get_extra_fields(group_by_chain=True)

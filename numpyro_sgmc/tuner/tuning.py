@@ -3,10 +3,10 @@
 ``autotune(model, rng_key, *data, target=...)`` runs ``docs/theory.md`` §3–§4 on any NumPyro
 model with a subsample plate; the model is traced once and passed down:
 
-1. **warm start** (:func:`~numpyro_sgmc.warmstart.warm_start`): Adam to the mode ``θ̂``, in
+1. **warm start** (:func:`~numpyro_sgmc.tuner.warmstart.warm_start`): Adam to the mode ``θ̂``, in
    each parameter's natural scale, from the model's init strategy (the prior median by
    default) or ``init_params``;
-2. **the local picture** (:func:`~numpyro_sgmc.laplace.fit`): ``J``, ``I``, ``S = J⁻¹IJ⁻¹`` at
+2. **the local picture** (:func:`~numpyro_sgmc.tuner.laplace.fit`): ``J``, ``I``, ``S = J⁻¹IJ⁻¹`` at
    the mode polished by Newton steps, with rows added until the prediction's own error is
    under ``tolerance``, the control-variate noise, and a check that the quadratic holds;
 3. **tuning**: the target is a mix ``Q = w₁S + w₂J⁻¹`` and every row of Table 1 that reaches
@@ -16,7 +16,7 @@ model with a subsample plate; the model is traced once and passed down:
    dropped, and the cheapest in epochs per mixing time is kept;
 4. **prediction**: the stationary covariance (unconstrained, and constrained by the delta
    method), the per-parameter autocorrelation times and the mixing time, in a
-   :class:`~numpyro_sgmc.report.TuningReport`.
+   :class:`~numpyro_sgmc.tuner.report.TuningReport`.
 
 **Step-size bound.** ``h·λmax(ΓJ) ≤ max_step`` (default 1). Linear stability needs ``< 4``;
 at ``hλ = 1`` every direction contracts by at least 1/2 per iteration without the
@@ -46,19 +46,20 @@ import numpy as np
 from jax import random
 from numpyro.infer.initialization import init_to_mean, init_to_value
 
-from numpyro_sgmc import scales, theory, validation
-from numpyro_sgmc.batches import BATCH_SAMPLING
-from numpyro_sgmc.curvature import largest_eigenvalue
-from numpyro_sgmc.fisher import plate_noise
+from numpyro_sgmc import scales, theory
+from numpyro_sgmc.data import validation
+from numpyro_sgmc.data.batches import BATCH_SAMPLING
+from numpyro_sgmc.data.model import Layout, constrain, constrained, prepare_model, split_args
 from numpyro_sgmc.kernels import SGD, SGLD, SGLDFP
+from numpyro_sgmc.kernels.curvature import largest_eigenvalue
 from numpyro_sgmc.kernels.shell import Tuned
-from numpyro_sgmc.laplace import Problem, fit
-from numpyro_sgmc.model import Layout, constrain, constrained, prepare_model, split_args
-from numpyro_sgmc.report import TuningReport
 from numpyro_sgmc.scales import Dense, Diagonal
 from numpyro_sgmc.theory import InfeasibleTuning, rows_reaching, target_weights
 from numpyro_sgmc.theory.linear import GradientNoise
-from numpyro_sgmc.warmstart import WarmStart, warm_start_of
+from numpyro_sgmc.tuner.fisher import plate_noise
+from numpyro_sgmc.tuner.laplace import Problem, fit
+from numpyro_sgmc.tuner.report import TuningReport
+from numpyro_sgmc.tuner.warmstart import WarmStart, warm_start_of
 
 __all__ = ["AutotuneOptions", "autotune"]
 
@@ -193,7 +194,7 @@ def autotune(
         ``"mix"`` (:func:`~numpyro_sgmc.theory.target_weights`).
     :param weight: ``w`` of ``"bagged"`` / ``"local_fiducial"`` / tempered ``"posterior"``.
     :param weights: ``(w₁, w₂)`` of ``"mix"``.
-    :param warm: a :class:`~numpyro_sgmc.warmstart.WarmStart` to reuse (its best restart).
+    :param warm: a :class:`~numpyro_sgmc.tuner.warmstart.WarmStart` to reuse (its best restart).
     :param batch_size: ``b`` (int or ``{plate: int}``); default the plates' ``subsample_size``.
     :param row: force a row of Table 1 that reaches the target; default the cheapest.
     :param warm_start_epochs: epochs of the warm start.
@@ -202,9 +203,9 @@ def autotune(
     :param num_rows: rows for ``J`` and ``I`` to start with (``None``: all ``n``); more are
         added until the prediction's own error is under ``tolerance``.
     :param dense: dense ``J``/``Γ`` (default when ``d ≤ 1000``,
-        :data:`~numpyro_sgmc.laplace.DENSE_MAX_DIM`) or diagonal.
+        :data:`~numpyro_sgmc.tuner.laplace.DENSE_MAX_DIM`) or diagonal.
     :param regularize: for a ``J`` that is not positive definite
-        (:func:`~numpyro_sgmc.fisher.information`).
+        (:func:`~numpyro_sgmc.tuner.fisher.information`).
     :param max_step: the bound on ``h·λmax(ΓJ)`` (module docstring).
     :param min_batch_size: the smallest batch per plate the control-variate rows try.
     :param num_steps: iterations per draw; default about a quarter of the predicted mixing
@@ -220,7 +221,7 @@ def autotune(
         several restarts).
     :param dict model_kwargs: the model's keyword arguments.
     :return: ``(kernel, report)``: a kernel for ``numpyro.infer.MCMC`` that starts at the mode,
-        and a :class:`~numpyro_sgmc.report.TuningReport`.
+        and a :class:`~numpyro_sgmc.tuner.report.TuningReport`.
     """
     weights = target_weights(target, weight, weights)
     options = AutotuneOptions(

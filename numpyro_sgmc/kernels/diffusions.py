@@ -3,9 +3,9 @@
 An integrator is an ``(init, step)`` pair (:class:`Integrator`) with one signature for every
 kernel: ``init(rng_key, position, params) -> momentum`` and
 ``step(rng_key, position, momentum, gradient, params) -> (position, momentum)``, where
-``position`` and ``gradient`` are flat ``(d,)`` vectors (:class:`~numpyro_sgmc.model.Layout`
+``position`` and ``gradient`` are flat ``(d,)`` vectors (:class:`~numpyro_sgmc.data.model.Layout`
 order), ``gradient`` the estimate ``ĝ`` of the average gradient ``-∇U/n``
-(:mod:`numpyro_sgmc.gradients`), and ``params`` the per-chain values, which live in the chain
+(:mod:`numpyro_sgmc.data.gradients`), and ``params`` the per-chain values, which live in the chain
 state (step size, preconditioners, mass, friction) so that every chain can have its own.
 
 **One step-size convention.** Every kernel's ``step_size`` is ``h`` on the average-gradient
@@ -33,8 +33,8 @@ Guestrin 2014) is ``h/n``; Chen et al.'s SGHMC step ``ε`` is ``η = sqrt(h/n)``
       \\theta' = \\theta + \\eta\\, M^{-1} r'.
 
   From rest the position moves by ``h M⁻¹ ĝ`` (SGLD's drift is ``(h/2)Γĝ``), and with the
-  default friction ``C = (α/η) M`` (:func:`default_friction`: every momentum decays by ``α``
-  per step) it is stable iff ``h·λmax(M⁻¹J) < 2(2 - α)``.
+  default friction ``C = (α/η) M`` (:func:`~numpyro_sgmc.theory.sghmc.default_friction`:
+  every momentum decays by ``α`` per step) it is stable iff ``h·λmax(M⁻¹J) < 2(2 - α)``.
 """
 
 from __future__ import annotations
@@ -43,16 +43,14 @@ import math
 from typing import Any, Callable, NamedTuple
 
 import jax.numpy as jnp
-import numpy as np
 from jax import random
 
-from numpyro_sgmc.scales import Dense, Diagonal, Identity
+from numpyro_sgmc.scales import Dense, Diagonal
 
 __all__ = [
     "Integrator",
     "LangevinParams",
     "SGHMCParams",
-    "default_friction",
     "langevin",
     "sghmc",
     "sghmc_params",
@@ -113,17 +111,6 @@ class SGHMCParams(NamedTuple):
     friction: Any
     gradient_noise: Any
     diffusion: Any
-
-
-def default_friction(momentum_decay: float, step_size, num_data: int, mass, d: int):
-    """``C = (α/η) M`` with ``η = sqrt(h/n)``: ``η C M⁻¹ = α I``, so every coordinate's
-    momentum decays by the same factor ``1 - α`` per step (Springenberg et al. 2016's
-    choice). NumPy when ``step_size`` is a Python number (the predictions), JAX otherwise."""
-    factor = momentum_decay / (step_size / num_data) ** 0.5
-    if isinstance(mass, Identity):
-        ones = np.ones(d) if isinstance(factor, float) else jnp.ones(d)
-        return Diagonal(ones * factor)
-    return mass * factor
 
 
 def sghmc_params(step_size, num_data, temperature, mass, friction, gradient_noise, d):

@@ -1,7 +1,7 @@
 """Sums over the rows of a plate, in chunks and groups: the compiled passes behind
-:mod:`numpyro_sgmc.fisher`.
+:mod:`numpyro_sgmc.tuner.fisher`.
 
-How the per-datum terms are isolated. With a :class:`~numpyro_sgmc.subsample.Batch` carrying
+How the per-datum terms are isolated. With a :class:`~numpyro_sgmc.data.subsample.Batch` carrying
 per-index weights ``w`` and a ``global_weight`` ``g`` the potential is
 ``U(z; w, g) = -Σ_i w_i l(z; X_i) + g·(global terms)``, linear in ``w``. So for a chunk of rows
 ``Σ_i w_i (-∇²l_i) = ∇²[U(w, g=0) - U(w=0, g=0)]`` and
@@ -11,8 +11,8 @@ exactly, and nothing here writes a likelihood by hand.
 A pass visits ``count`` rows in ``C`` chunks (a ``lax.scan``, the last chunk padded with
 weight-0 rows), so memory is ``O(chunk · d)`` for the per-datum gradients plus the sums, whatever
 ``n``. Chunk ``c`` belongs to group ``c mod G``: the sums are kept per group, which is what the
-jackknife error of :meth:`~numpyro_sgmc.fisher.Information.jackknife` needs. The passes are
-module-level functions of the model's :class:`~numpyro_sgmc.model.ModelSpec` (static) and the
+jackknife error of :meth:`~numpyro_sgmc.tuner.fisher.Information.jackknife` needs. The passes are
+module-level functions of the model's :class:`~numpyro_sgmc.data.model.ModelSpec` (static) and the
 data (arguments), so a second call on data of the same shapes compiles nothing.
 """
 
@@ -27,8 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from numpyro_sgmc.model import potential
-from numpyro_sgmc.subsample import Batch
+from numpyro_sgmc.data.model import potential
+from numpyro_sgmc.data.subsample import Batch
 
 __all__ = ["PlateSums", "fisher_diagonal", "global_terms", "plate_sums", "probe_spread"]
 

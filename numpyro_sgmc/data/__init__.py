@@ -1,0 +1,11 @@
+"""The model and its data: what every kernel and the tuner read (``docs/architecture.md``).
+
+Owns the prepared model (:mod:`~numpyro_sgmc.data.model`: the potential over flat parameters,
+the plates and their sizes, constraints), the checks of user input
+(:mod:`~numpyro_sgmc.data.validation`), the data plate's subsampling
+(:mod:`~numpyro_sgmc.data.subsample`) and batch samplers (:mod:`~numpyro_sgmc.data.batches`),
+the gradient estimators (:mod:`~numpyro_sgmc.data.gradients`) and their data-parallel form
+(:mod:`~numpyro_sgmc.data.sharding`), and the host-side progress bar and Ctrl-C handling
+(:mod:`~numpyro_sgmc.data.progress`). It may import :mod:`numpyro_sgmc.scales` and
+:mod:`numpyro_sgmc.diagnostics` only: nothing here knows a kernel, the tuner or the theory.
+"""
