@@ -133,38 +133,7 @@ class RunCheck(NamedTuple):
         return self.autocorrelation / self.predicted_autocorrelation
 
     def __str__(self) -> str:
-        pred_sd = np.sqrt(_diagonal(self.predicted_covariance))
-        run_sd = np.sqrt(_diagonal(self.covariance))
-        indep = self.sd_independent is not None
-        lines = [
-            f"Run check ({self.num_draws} draws): {self.status}; "
-            f"relative Frobenius error of the covariance {self.covariance_error:.3f}",
-            f"  {'parameter':<14} {'sd pred':>9} {'± %':>5} {'sd run':>9} {'± %':>5}"
-            + (f" {'sd indep':>9} {'± %':>5}" if indep else "")
-            + f" {'run/pred':>8} {'R-hat':>6} {'IAT pred':>8} {'IAT run':>8} {'epochs':>7}",
-        ]
-        order = np.argsort(-self._worst())[:_SHOWN] if len(self.names) > _SHOWN else None
-        rows = range(len(self.names)) if order is None else sorted(order)
-        for j in rows:
-            line = (
-                f"  {self.names[j]:<14} {pred_sd[j]:9.4g} {100 * self.prediction_error[j]:5.1f}"
-                f" {run_sd[j]:9.4g} {100 * self.run_error[j]:5.1f}"
-            )
-            if indep:
-                line += f" {self.sd_independent[j]:9.4g} {100 * self.independent_error[j]:5.1f}"
-            line += (
-                f" {self.sd_ratio[j]:8.3f} {self.r_hat[j]:6.3f}"
-                f" {self.predicted_autocorrelation[j]:8.3g} {self.autocorrelation[j]:8.3g}"
-                f" {self.autocorrelation[j] * self.epochs_per_draw:7.3g}"
-            )
-            lines.append(line)
-        if order is not None:
-            lines.append(f"  ({len(self.names) - len(order)} more parameters; the worst shown)")
-        lines.append("  (± %: one standard error; IAT in draws; epochs: empirical IAT in epochs)")
-        lines += [f"  FINDING: {f}" for f in self.findings]
-        lines += [f"  CANNOT CHECK: {f}" for f in self.unchecked]
-        lines += [f"  note: {f}" for f in self.notes]
-        return "\n".join(lines)
+        return _table(self)
 
     def _worst(self) -> np.ndarray:
         z = np.abs(self.sd_ratio - 1) / _combined(self.run_error, self.prediction_error)
@@ -173,6 +142,42 @@ class RunCheck(NamedTuple):
             ratio = run_sd / self.sd_independent
             z = np.maximum(z, np.abs(ratio - 1) / _combined(self.run_error, self.independent_error))
         return np.maximum(z, np.abs(self.mean_offset))
+
+
+def _table(check) -> str:
+    """The printed check: one row per parameter (the worst when there are many)."""
+    pred_sd = np.sqrt(_diagonal(check.predicted_covariance))
+    run_sd = np.sqrt(_diagonal(check.covariance))
+    indep = check.sd_independent is not None
+    lines = [
+        f"Run check ({check.num_draws} draws): {check.status}; "
+        f"relative Frobenius error of the covariance {check.covariance_error:.3f}",
+        f"  {'parameter':<14} {'sd pred':>9} {'± %':>5} {'sd run':>9} {'± %':>5}"
+        + (f" {'sd indep':>9} {'± %':>5}" if indep else "")
+        + f" {'run/pred':>8} {'R-hat':>6} {'IAT pred':>8} {'IAT run':>8} {'epochs':>7}",
+    ]
+    order = np.argsort(-check._worst())[:_SHOWN] if len(check.names) > _SHOWN else None
+    rows = range(len(check.names)) if order is None else sorted(order)
+    for j in rows:
+        line = (
+            f"  {check.names[j]:<14} {pred_sd[j]:9.4g} {100 * check.prediction_error[j]:5.1f}"
+            f" {run_sd[j]:9.4g} {100 * check.run_error[j]:5.1f}"
+        )
+        if indep:
+            line += f" {check.sd_independent[j]:9.4g} {100 * check.independent_error[j]:5.1f}"
+        line += (
+            f" {check.sd_ratio[j]:8.3f} {check.r_hat[j]:6.3f}"
+            f" {check.predicted_autocorrelation[j]:8.3g} {check.autocorrelation[j]:8.3g}"
+            f" {check.autocorrelation[j] * check.epochs_per_draw:7.3g}"
+        )
+        lines.append(line)
+    if order is not None:
+        lines.append(f"  ({len(check.names) - len(order)} more parameters; the worst shown)")
+    lines.append("  (± %: one standard error; IAT in draws; epochs: empirical IAT in epochs)")
+    lines += [f"  FINDING: {f}" for f in check.findings]
+    lines += [f"  CANNOT CHECK: {f}" for f in check.unchecked]
+    lines += [f"  note: {f}" for f in check.notes]
+    return "\n".join(lines)
 
 
 def unconstrained_draws(samples: dict, report) -> np.ndarray:
