@@ -18,6 +18,7 @@ from numpyro_sgmc.data.sharding import shard_data
 from numpyro_sgmc.data.subsample import full_data
 from numpyro_sgmc.kernels import SGD, SGHMC, SGLD, SGLDFP, AdaSGHMC, ChainInit
 from numpyro_sgmc.running import distributed
+from numpyro_sgmc.running.checkpoint import CheckpointError
 from numpyro_sgmc.running.runner import completed_samples, load_run, run_kernel
 from numpyro_sgmc.scales import Dense, Diagonal, Identity, layerwise
 from numpyro_sgmc.tuner.check import check_run
@@ -30,6 +31,7 @@ __version__ = "0.2.0"
 __all__ = [
     "AdaSGHMC",
     "ChainInit",
+    "CheckpointError",
     "Dense",
     "Diagonal",
     "Identity",

@@ -24,14 +24,20 @@ measured speed; the draws do not depend on it). Between two chunks Python can ac
 * ``checkpoint=directory`` writes the state and the draws there every ``checkpoint_every``
   kept draws, so that a killed process loses at most that many; :func:`load_run` reads them
   back, to be continued.
+
+**Same run.** A continuation, in memory or from a checkpoint, must run on what the run ran
+on: the run's :func:`~numpyro_sgmc.running.checkpoint.fingerprint` (the model's sites and
+shapes, the kernel's tuning, the data's shapes and a hash of 64 rows of each argument) is
+compared with what is given, and a difference is refused by name. The checkpoint files and
+their checksums are :mod:`numpyro_sgmc.running.checkpoint`'s.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
+import warnings
 from functools import partial
 from typing import Any, NamedTuple, Optional
 
@@ -44,6 +50,7 @@ from numpyro_sgmc.data import validation
 from numpyro_sgmc.data.model import constrain, split_args, total_batch
 from numpyro_sgmc.data.progress import EpochProgress, interrupts
 from numpyro_sgmc.diagnostics import (
+    CentreWarning,
     DivergenceWarning,
     InterruptWarning,
     divergence_message,
@@ -51,13 +58,21 @@ from numpyro_sgmc.diagnostics import (
 )
 from numpyro_sgmc.kernels.core import draw
 from numpyro_sgmc.kernels.shell import SGMCKernel
+from numpyro_sgmc.running.checkpoint import (
+    CheckpointWriter,
+    concatenate,
+    data_fingerprint,
+    differences,
+    fingerprint,
+    read,
+    sets_scales,
+)
 
 __all__ = ["CHUNK_SECONDS", "KernelRun", "completed_samples", "load_run", "run_kernel"]
 
 CHUNK_SECONDS = 0.25  # sampling time per compiled chunk: the delay of a Ctrl-C
 _CHUNK_ROWS = 2**14  # kept draws held on the device per chunk at most
 _CHUNK_BYTES = 2**23  # and at most this many bytes of them (8 MB)
-_FORMAT = 1  # of a checkpoint directory
 
 
 class KernelRun(NamedTuple):
@@ -75,6 +90,8 @@ class KernelRun(NamedTuple):
     :param int num_draws: draws made, warm-up included (of every chain).
     :param bool interrupted: whether Ctrl-C stopped it before the draws it asked for.
     :param config: the kernel's static description, which a continuation runs.
+    :param dict fingerprint: what the run ran on (model, tuning, data;
+        :func:`~numpyro_sgmc.running.checkpoint.fingerprint`), which a continuation must match.
     """
 
     samples: dict
@@ -88,6 +105,7 @@ class KernelRun(NamedTuple):
     num_draws: int = 0
     interrupted: bool = False
     config: Any = None
+    fingerprint: Optional[dict] = None
 
     @property
     def num_samples(self) -> int:
@@ -176,14 +194,17 @@ def run_kernel(
         (:class:`~numpyro_sgmc.data.progress.EpochProgress`), moved after every chunk.
     :param dict model_kwargs: the model's keyword arguments.
     :param previous: a :class:`KernelRun` of this kernel to continue (its last state, the
-        rest of its warm-up, its thinning and chains) on data of the same shapes: the result
-        holds its draws followed by ``num_samples`` more, the draws of one long run.
+        rest of its warm-up, its thinning and chains) on the same data (the same shapes and
+        the same values in the rows its fingerprint hashes): the result holds its draws
+        followed by ``num_samples`` more, the draws of one long run.
     :param checkpoint: a directory to write the state and the draws to (created if needed);
         :func:`load_run` reads it back.
     :param int checkpoint_every: kept draws between two checkpoints (with ``checkpoint``);
         also one at the end of warm-up and every ``checkpoint_every · thinning`` warm-up
         draws.
     :return: a :class:`KernelRun`.
+    :raises ValueError: ``previous`` of another kernel, or on other data (the message says
+        which argument and what differs: shape, dtype or rows).
     """
     if not isinstance(kernel, SGMCKernel):
         raise TypeError(
@@ -206,7 +227,8 @@ def run_kernel(
     if checkpoint is not None:
         checkpoint = os.fspath(checkpoint)
         checkpoint_every = validation.positive_int("checkpoint_every", checkpoint_every)
-    model_args, model_kwargs = validation.as_arrays(kernel._model, model_args, model_kwargs)
+    model = kernel.subsampled_model
+    model_args, model_kwargs = validation.as_arrays(model, model_args, model_kwargs)
     owned = not interrupts.installed()  # kernel.init installs the Ctrl-C handler for MCMC
     try:
         if previous is None:
@@ -232,9 +254,11 @@ def _start(kernel, rng_key, model_args, model_kwargs, num_warmup, thinning, num_
         raise TypeError("rng_key must be a PRNG key (None only with previous=...).")
     keys = rng_key if num_chains == 1 else random.split(rng_key, num_chains)
     state = kernel.init(keys, num_warmup, init, model_args, model_kwargs)
+    found = fingerprint(kernel, kernel.config, state.params, sets_scales(init), model_args,
+                        model_kwargs)  # fmt: skip
     return KernelRun(
         {}, state, np.zeros(num_chains, np.int64), thinning, kernel, tuple(model_args),
-        model_kwargs, num_warmup, 0, False, kernel._config,
+        model_kwargs, num_warmup, 0, False, kernel.config, found,
     )  # fmt: skip
 
 
@@ -259,12 +283,13 @@ def _continued(kernel, rng_key, previous, model_args, model_kwargs, given, init_
             )
     if init_params is not None:
         raise ValueError("init_params do not apply to a continuation: it starts at previous.")
-    before, _ = split_args(previous.model_args, previous.model_kwargs)
-    now, _ = split_args(model_args, model_kwargs)
-    if [np.shape(a) for a in before] != [np.shape(a) for a in now]:
+    # the kernel is previous's, so only the data can differ from the run's
+    data = data_fingerprint(kernel.subsampled_model, model_args, model_kwargs)
+    found = differences(previous.fingerprint, dict(previous.fingerprint, data=data))
+    if found:
         raise ValueError(
-            f"previous ran on data of shapes {[np.shape(a) for a in before]}; a continuation "
-            f"needs data of the same shapes, got {[np.shape(a) for a in now]}."
+            f"previous ran on other data: {'; '.join(found)}. A continuation needs data of the "
+            "same shapes and values as the run's (previous.model_args, previous.model_kwargs)."
         )
     return previous._replace(model_args=tuple(model_args), model_kwargs=model_kwargs)
 
@@ -295,7 +320,7 @@ def _sample(kernel, run, structure, arrays, num_samples, progress_bar, checkpoin
     asked = run.num_draws + warmup_left + num_samples * thinning
     size = _buffer_rows(config, structure, batched, run.last_state.z, arrays)
     progress = _progress_bar(kernel, config, asked) if progress_bar else None
-    writer = None if checkpoint is None else _Checkpoint(checkpoint, kernel, run)
+    writer = None if checkpoint is None else CheckpointWriter(checkpoint, _settings(kernel, run))
     period = None if every is None else every * thinning  # draws between two checkpoints
     state, draws = run.last_state, run.num_draws
     parts = [run.samples] if run.samples else []
@@ -318,7 +343,7 @@ def _sample(kernel, run, structure, arrays, num_samples, progress_bar, checkpoin
             units = n_warm + n_kept * thinning
             start = time.perf_counter()
             state, buffer = _chunk(
-                type(kernel)._build, config, structure, kernel.num_steps, batched, size, state,
+                kernel.family.build, config, structure, kernel.num_steps, batched, size, state,
                 n_warm, n_kept, thinning, arrays,
             )  # fmt: skip
             jax.block_until_ready(state)
@@ -339,7 +364,7 @@ def _sample(kernel, run, structure, arrays, num_samples, progress_bar, checkpoin
     if writer is not None and (pending or interrupted or not parts):
         writer.write(state, parts, draws, finished=not interrupted)
     result = run._replace(
-        samples=_concatenate(parts),
+        samples=concatenate(parts),
         last_state=state,
         num_diverging=np.atleast_1d(np.asarray(state.num_diverging)),
         num_draws=draws,
@@ -394,12 +419,6 @@ def _to_host(rows, batched, buffer):
     return np.swapaxes(x, 0, 1) if batched else x[None]
 
 
-def _concatenate(parts) -> dict:
-    if not parts:
-        return {}
-    return jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *parts)
-
-
 def _warn_divergences(kernel, before, after):
     """A :class:`~numpyro_sgmc.diagnostics.DivergenceWarning` for the chains that diverged
     for the first time in this call."""
@@ -410,7 +429,7 @@ def _warn_divergences(kernel, before, after):
     warn(
         divergence_message(
             type(kernel).__name__,
-            kernel._step_size_label(),
+            kernel.step_size_label,
             int(np.min(first)),
             int(np.sum(new)),
             kernel.num_steps,
@@ -422,96 +441,71 @@ def _warn_divergences(kernel, before, after):
 # ---- checkpoints --------------------------------------------------------------------------
 
 
-def _host_leaf(x) -> np.ndarray:
-    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-        return np.asarray(random.key_data(x))
-    return np.asarray(x)
+def _settings(kernel, run) -> dict:
+    """What every checkpoint of ``run`` records besides its state and draws."""
+    return dict(
+        kernel=type(kernel).__name__,
+        num_warmup=run.num_warmup,
+        thinning=run.thinning,
+        num_chains=run.num_chains,
+        fingerprint=run.fingerprint,
+    )
 
 
-def _save(path, arrays: dict):
-    """``np.savez`` to ``path`` through a temporary file, so that a kill leaves the old one."""
-    temporary = path + ".tmp"
-    with open(temporary, "wb") as f:
-        np.savez(f, **arrays)
-    os.replace(temporary, path)
-
-
-def _read_meta(directory) -> Optional[dict]:
-    path = os.path.join(directory, "state.npz")
-    if not os.path.exists(path):
-        return None
-    with np.load(path) as saved:
-        return json.loads(str(saved["meta"]))
-
-
-class _Checkpoint:
-    """A run's checkpoint directory: ``state.npz`` (the state's leaves, the run's settings and
-    the list of draw files) and the kept draws in ``draws-<generation>-<k>.npz`` files, each
-    written once. A continuation starts a new generation that rewrites the earlier draws
-    once; files no ``state.npz`` lists are removed after it is written."""
-
-    def __init__(self, directory, kernel, run):
-        os.makedirs(directory, exist_ok=True)
-        meta = _read_meta(directory)
-        self.directory, self.kernel_name, self.run = directory, type(kernel).__name__, run
-        self.generation = 0 if meta is None else int(meta["generation"]) + 1
-        self.segments, self.written = [], 0
-
-    def write(self, state, parts, num_draws, finished):
-        if len(parts) > self.written:
-            name = f"draws-{self.generation}-{len(self.segments)}.npz"
-            _save(os.path.join(self.directory, name), _concatenate(parts[self.written :]))
-            self.segments.append(name)
-            self.written = len(parts)
-        leaves = jax.tree.leaves(state)
-        meta = dict(
-            format=_FORMAT,
-            kernel=self.kernel_name,
-            num_warmup=self.run.num_warmup,
-            thinning=self.run.thinning,
-            num_chains=self.run.num_chains,
-            num_draws=int(num_draws),
-            finished=bool(finished),
-            generation=self.generation,
-            segments=self.segments,
-            num_leaves=len(leaves),
-        )
-        arrays = {f"leaf{k}": _host_leaf(x) for k, x in enumerate(leaves)}
-        _save(
-            os.path.join(self.directory, "state.npz"), dict(arrays, meta=np.array(json.dumps(meta)))
-        )
-        for name in os.listdir(self.directory):
-            if name.startswith("draws-") and name not in self.segments:
-                os.remove(os.path.join(self.directory, name))
-
-
-def load_run(checkpoint, kernel: SGMCKernel, *model_args, model_kwargs=None) -> KernelRun:
+def load_run(
+    checkpoint, kernel: SGMCKernel, *model_args, model_kwargs=None, previous_checkpoint=False
+) -> KernelRun:
     """The :class:`KernelRun` a checkpoint directory of :func:`run_kernel` holds, to continue
     with ``run_kernel(kernel, None, *model_args, num_samples=..., previous=run)``.
 
-    ``kernel`` and the data are those of the run that wrote it (the kernel is initialised on
-    them once, for the state's structure and its compiled description; the state itself is
-    the checkpoint's).
+    ``kernel`` and the data are those of the run that wrote it: the checkpoint's fingerprint
+    (:func:`~numpyro_sgmc.running.checkpoint.fingerprint`) is compared with theirs. The kernel
+    is initialised on them once, for the state's structure and its compiled description; the
+    state itself is the checkpoint's. Every file is checked against the checksum the
+    checkpoint's metadata records.
 
+    :param bool previous_checkpoint: read the checkpoint before the last one (kept until the
+        next is complete), e.g. when the last one is damaged.
     :raises FileNotFoundError: no checkpoint in the directory.
-    :raises ValueError: a checkpoint of another kernel, or of data of other shapes.
+    :raises ~numpyro_sgmc.running.checkpoint.CheckpointError: a file of the checkpoint missing
+        or damaged (the message names it and says whether the previous checkpoint is intact).
+    :raises ValueError: a checkpoint of another kernel, model, tuning or data (the message
+        says what differs).
     """
     directory = os.fspath(checkpoint)
-    meta = _read_meta(directory)
-    if meta is None:
-        raise FileNotFoundError(f"No run_kernel checkpoint in {directory!r} (no state.npz).")
+    saved = read(directory, previous=bool(previous_checkpoint))
+    meta = saved.body
     if meta["kernel"] != type(kernel).__name__:
         raise ValueError(
             f"The checkpoint in {directory!r} is of a {meta['kernel']} run; got a "
             f"{type(kernel).__name__} kernel."
         )
-    model_args, model_kwargs = validation.as_arrays(kernel._model, model_args, model_kwargs)
+    model = kernel.subsampled_model
+    model_args, model_kwargs = validation.as_arrays(model, model_args, model_kwargs)
     num_chains = int(meta["num_chains"])
     keys = random.key(0) if num_chains == 1 else random.split(random.key(0), num_chains)
-    template = kernel.init(keys, int(meta["num_warmup"]), None, model_args, model_kwargs)
+    with warnings.catch_warnings():  # of the template's start, not where the run stopped
+        warnings.simplefilter("ignore", CentreWarning)
+        template = kernel.init(keys, int(meta["num_warmup"]), None, model_args, model_kwargs)
+    now = fingerprint(kernel, kernel.config, template.params, False, model_args, model_kwargs)
+    found = differences(meta["fingerprint"], now)
+    if found:
+        raise ValueError(
+            f"The checkpoint in {directory!r} is of another run: {'; '.join(found)}. load_run "
+            "continues a run on the model, kernel settings and data it ran on."
+        )
+    state = _restored(template, saved.leaves)
+    return KernelRun(
+        saved.samples, state, np.atleast_1d(np.asarray(state.num_diverging)),
+        int(meta["thinning"]), kernel, tuple(model_args), model_kwargs,
+        int(meta["num_warmup"]), int(meta["num_draws"]), not meta["finished"], kernel.config,
+        meta["fingerprint"],
+    )  # fmt: skip
+
+
+def _restored(template, values):
+    """The state of ``template``'s structure with the checkpoint's leaf ``values``."""
     leaves, treedef = jax.tree.flatten(template)
-    with np.load(os.path.join(directory, "state.npz")) as saved:
-        values = [saved[f"leaf{k}"] for k in range(int(meta["num_leaves"]))]
     if len(values) != len(leaves):
         raise ValueError(
             f"The checkpoint's state has {len(values)} arrays, this kernel's {len(leaves)}: it "
@@ -529,16 +523,7 @@ def load_run(checkpoint, kernel: SGMCKernel, *model_args, model_kwargs=None) -> 
                 f"on these data has {like.shape}: it was written for data of other shapes."
             )
         restored.append(value)
-    state = jax.tree.unflatten(treedef, restored)
-    parts = []
-    for name in meta["segments"]:
-        with np.load(os.path.join(directory, name)) as saved:
-            parts.append({k: saved[k] for k in saved.files})
-    return KernelRun(
-        _concatenate(parts), state, np.atleast_1d(np.asarray(state.num_diverging)),
-        int(meta["thinning"]), kernel, tuple(model_args), model_kwargs,
-        int(meta["num_warmup"]), int(meta["num_draws"]), not meta["finished"], kernel._config,
-    )  # fmt: skip
+    return jax.tree.unflatten(treedef, restored)
 
 
 def completed_samples(mcmc, group_by_chain: bool = False) -> dict:
