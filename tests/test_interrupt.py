@@ -1,10 +1,13 @@
-"""Ctrl-C keeps the draws made so far; run_kernel continues a run and restores a checkpoint.
+"""Ctrl-C keeps the draws made so far, is prompt and never crashes the process; run_kernel
+continues a run and restores a checkpoint.
 
 The interrupt tests run a child process that starts long runs and reports when each has
 begun sampling; the test sends it SIGINT a moment later, as a terminal's Ctrl-C would, and
 checks that the run returned within 2 s with the draws it had made (the same draws as an
-uninterrupted run of that length). The checkpoint test kills (SIGKILL) a child that writes
-checkpoints and restores the run from its directory.
+uninterrupted run of that length), or raised KeyboardInterrupt within 2 s where that is what
+Ctrl-C does, and that the child exits normally (a KeyboardInterrupt raised inside XLA's
+compiler made it die of SIGSEGV as it exited). The checkpoint test kills (SIGKILL) a child that
+writes checkpoints and restores the run from its directory.
 """
 
 import json
@@ -76,7 +79,7 @@ _INTERRUPTED = _PRELUDE + textwrap.dedent(
         continued=bool(np.array_equal(more.samples["theta"], longer.samples["theta"])),
         finite=bool(np.all(np.isfinite(run.samples["theta"]))),
     )
-    for bar in (False, True):
+    for bar in (False,):  # with NumPyro's bar Ctrl-C raises: test_ctrl_c_in_every_phase
         slow = SGLD(linear_regression, 1e-4, num_steps=2000)
         mcmc = MCMC(slow, num_warmup=10, num_samples=600, progress_bar=bar)
         phase(f"mcmc-bar-{bar}")
@@ -130,7 +133,7 @@ def test_ctrl_c_stops_run_kernel_and_mcmc_within_2_s_and_keeps_the_draws(tmp_pat
     finally:
         child.kill()
         log.close()
-    assert set(sent) == {"run_kernel", "mcmc-bar-False", "mcmc-bar-True"}
+    assert set(sent) == {"run_kernel", "mcmc-bar-False"}
     latency = {name: results[name]["ended"] - sent[name] for name in sent}
     print("seconds from SIGINT to the run's return:", latency)
     assert all(0 < t < 2.0 for t in latency.values()), latency
@@ -145,7 +148,7 @@ def test_ctrl_c_stops_run_kernel_and_mcmc_within_2_s_and_keeps_the_draws(tmp_pat
     assert f"the KernelRun holds the {ours['kept']} kept draws made so far" in message
     assert "previous=run" in message
 
-    for bar in (False, True):
+    for bar in (False,):
         mcmc = results[f"mcmc-bar-{bar}"]
         # warm-up and sampling took 2 s or more: some draws were kept, and the others flagged
         assert 0 < mcmc["kept"] < 600 and mcmc["kept"] + mcmc["flagged"] == 600
@@ -154,6 +157,136 @@ def test_ctrl_c_stops_run_kernel_and_mcmc_within_2_s_and_keeps_the_draws(tmp_pat
         assert "SGLD: interrupted (Ctrl-C) at iteration" in message
         assert f"{mcmc['kept']} after it" in message
         assert "numpyro_sgmc.completed_samples(mcmc) gives the draws made" in message
+
+
+_PHASES = _PRELUDE + textwrap.dedent(
+    """
+    import signal
+    from numpyro_sgmc import autotune, load_run
+    from problems import logistic_regression, make_logistic
+
+    def absorbed(name, call):
+        # the outcome of one phase and when it came; the rest of the signal's burst lands in
+        # the pauses after it, so that the child's own bookkeeping is not interrupted
+        out = dict(outcome="completed", messages=[])
+        try:
+            try:
+                with warnings.catch_warnings(record=True) as seen:
+                    warnings.simplefilter("always")
+                    out.update(call() or {})
+            except KeyboardInterrupt:
+                out["outcome"] = "raised"
+            out["ended"] = time.time()
+            out["messages"] = [str(w.message) for w in seen if w.category is InterruptWarning]
+            if out["outcome"] == "completed":  # done before the signal: it comes while we wait
+                out["outcome"] = "finished early"
+                time.sleep(30)
+        except KeyboardInterrupt:
+            if out["outcome"] == "finished early" or "ended" not in out:
+                out["ended"] = time.time()
+        for _ in range(5):
+            try:
+                time.sleep(1.0)  # longer than a burst
+                break
+            except KeyboardInterrupt:
+                pass
+        print("phase", name, json.dumps(out), flush=True)
+
+    from numpyro_sgmc.diagnostics import InterruptWarning
+
+    def tune():
+        XL, yL = make_logistic(n=20_000)
+        print("sampling autotune", flush=True)  # tuning compiles most of the time
+        autotune(logistic_regression, jax.random.key(0), XL, yL)
+
+    def mcmc(bar):
+        kernel = SGLD(linear_regression, 1e-4, num_steps=10 if bar else 2000)
+        # no warm-up phase: one compilation, before the first host check
+        mcmc = MCMC(kernel, num_warmup=0, num_samples=2 * 10**6 if bar else 600,
+                    progress_bar=bar)
+        phase(f"mcmc-bar-{bar}")
+        mcmc.run(jax.random.key(2), X, y)
+        made = completed_samples(mcmc)["theta"]
+        return dict(outcome="returned", kept=int(made.shape[0]))
+
+    def checkpointed():
+        kernel = SGLD(linear_regression, 1e-4, num_steps=50)
+        run_kernel(kernel, jax.random.key(3), X, y, num_samples=64)  # compiles the chunk
+        phase("run_kernel")
+        run = run_kernel(kernel, jax.random.key(3), X, y, num_samples=10**7,
+                         checkpoint=sys.argv[1], checkpoint_every=1)
+        return dict(outcome="returned", kept=run.num_samples)
+
+    absorbed("autotune", tune)
+    absorbed("mcmc-bar-True", lambda: mcmc(True))
+    absorbed("mcmc-bar-False", lambda: mcmc(False))
+    absorbed("run_kernel", checkpointed)
+    kernel = SGLD(linear_regression, 1e-4, num_steps=50)
+    print("restored", load_run(sys.argv[1], kernel, X, y).num_samples, flush=True)
+    """
+)
+
+
+def test_ctrl_c_in_every_phase_is_prompt_and_never_crashes(tmp_path):
+    """SIGINT at random times, in bursts of two or three, in autotune, MCMC.run with NumPyro's
+    progress bar and (a single one) without, and run_kernel writing a checkpoint after every
+    chunk.
+
+    Each phase ends (returns its draws or raises KeyboardInterrupt, as documented) within
+    2 s of the first signal, measured in the child: this covers an XLA compilation under way
+    when the signal comes (autotune compiles most of its time), which the raise waits for,
+    on this shared machine. The process's own exit is slower there (up to about 3 s for
+    JAX's teardown on a loaded machine) and is only required to be a normal one."""
+    rng = np.random.default_rng(25)
+    directory = str(tmp_path / "run")
+    log = open(tmp_path / "stderr", "w+")
+    child = _child(_PHASES, log, directory)
+    sent, phases, restored = {}, {}, None
+    try:
+        for line in child.stdout:
+            if line.startswith("sampling"):
+                name = line.split()[1]
+                # autotune: anywhere in its compilations; a run: some way into its sampling
+                time.sleep(rng.uniform(0.3, 3.0) if name == "autotune" else rng.uniform(0.5, 2))
+                sent[name] = time.time()
+                # a burst (Ctrl-C pressed again while the first one takes effect), but a single
+                # Ctrl-C where it should keep the draws
+                more = 0 if name == "mcmc-bar-False" else rng.integers(1, 3)
+                for pause in [0.0] + list(rng.uniform(0.05, 0.4, size=more)):
+                    time.sleep(pause)
+                    child.send_signal(signal.SIGINT)
+            elif line.startswith("phase"):
+                _, name, record = line.split(" ", 2)
+                phases[name] = json.loads(record)
+            elif line.startswith("restored"):
+                restored = int(line.split()[1])
+        child.wait(timeout=60)
+    finally:
+        child.kill()
+        log.seek(0)
+        errors = log.read()
+        log.close()
+    assert child.returncode == 0, (child.returncode, errors[-3000:])  # never -11 (SIGSEGV)
+    assert set(phases) == set(sent) == {"autotune", "mcmc-bar-True", "mcmc-bar-False",
+                                        "run_kernel"}, (phases, errors[-3000:])  # fmt: skip
+    latency = {name: phases[name]["ended"] - sent[name] for name in sent}
+    print("seconds from the first SIGINT to the phase's end:", latency)
+    print({name: phases[name]["outcome"] for name in phases})
+    assert all(t < 2.0 for t in latency.values()), latency
+
+    assert phases["autotune"]["outcome"] in ("raised", "finished early")
+    # NumPyro's bar dispatches each draw from Python: Ctrl-C raises between two draws
+    bar = phases["mcmc-bar-True"]
+    assert bar["outcome"] == "raised"
+    assert any("Ctrl-C raises KeyboardInterrupt between two draws" in m and
+               "progress_bar=False" in m for m in bar["messages"]), bar["messages"]  # fmt: skip
+    # without it the run returns the draws made
+    plain = phases["mcmc-bar-False"]
+    assert plain["outcome"] == "returned" and 0 < plain["kept"] < 600
+    assert any("SGLD: interrupted (Ctrl-C)" in m for m in plain["messages"])
+    # run_kernel stopped (or the burst's second Ctrl-C raised) and its checkpoint loads
+    assert phases["run_kernel"]["outcome"] in ("returned", "raised")
+    assert restored is not None and restored >= 0
 
 
 _CHECKPOINTING = _PRELUDE + textwrap.dedent(
@@ -173,7 +306,7 @@ def test_a_killed_run_is_restored_from_its_checkpoint_and_continued(tmp_path):
     child = _child(_CHECKPOINTING, log, directory)
     try:
         deadline = time.time() + 120
-        while not os.path.exists(os.path.join(directory, "state.npz")):
+        while not os.path.exists(os.path.join(directory, "checkpoint.json")):
             assert child.poll() is None and time.time() < deadline, log.seek(0) or log.read()
             time.sleep(0.05)
         time.sleep(1.5)  # a few more checkpoints

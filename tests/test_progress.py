@@ -123,3 +123,42 @@ def test_mcmc_checks_for_ctrl_c_a_few_times_a_second_not_per_draw(problem, monke
         f"SGLD: interrupted (Ctrl-C) at iteration {stopped}, after {stopped // 5} draws" in message
     )
     assert "numpyro_sgmc.completed_samples(mcmc) gives the draws made" in message
+
+
+def test_a_keyboard_interrupt_waits_until_the_main_thread_is_out_of_jax(monkeypatch):
+    """Outside a run Ctrl-C raises KeyboardInterrupt, but not inside XLA's compiler (which
+    checks for signals; an exception there abandons the compilation and crashed the process
+    at exit): here the signal comes while a function compiles, and the raise after it."""
+    import os
+    import signal
+    import sys
+    import threading
+
+    from numpyro_sgmc.data import progress
+
+    monkeypatch.setattr(interrupts, "_alive_until", 0.0)  # no run is going
+    monkeypatch.setattr(interrupts, "_requested", False)
+    monkeypatch.setattr(interrupts, "_per_draw", False)
+    previous = signal.signal(signal.SIGINT, interrupts._handler)
+
+    def f(x):
+        for j in range(40):  # long enough to compile that the signal comes during it
+            x = jax.lax.cond(x.sum() > j, lambda x: jax.numpy.sin(x @ x.T), jax.numpy.cos, x)
+        return x
+
+    compiled = jax.jit(f)
+    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
+    try:
+        with pytest.raises(KeyboardInterrupt) as raised:
+            timer.start()
+            compiled(jax.numpy.ones((4, 4))).block_until_ready()
+            time.sleep(5)  # a signal after the compilation raises here
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, previous)
+    innermost = raised.tb
+    while innermost.tb_next is not None:
+        innermost = innermost.tb_next
+    assert not innermost.tb_frame.f_code.co_filename.startswith(progress._JAX_DIRS)
+    assert compiled._cache_size() == 1  # the compilation finished
+    assert sys.exc_info() == (None, None, None)

@@ -18,15 +18,32 @@ where Python's signal wake-up descriptor is free a socket that the C-level handl
 at once, set a flag that the run reads between its chunks (:func:`~numpyro_sgmc.run_kernel`)
 or, inside ``MCMC.run``'s single compiled loop, at a host check about every
 ``CHECK_SECONDS`` (0.2 s) of sampling (:class:`RunWatch`: the interval in iterations adapts to
-the measured speed, so a run pays a few host round-trips a second, none per step). Outside a
-run, Ctrl-C raises ``KeyboardInterrupt`` as before, and a second Ctrl-C during a stopping
-run does too.
+the measured speed, so a run pays a few host round-trips a second, none per step).
+
+Outside a run, and for a second Ctrl-C during a stopping run, Ctrl-C raises
+``KeyboardInterrupt``, but only between calls into JAX, never inside one: Python runs a signal
+handler wherever C code checks for signals, XLA's compiler among them, and an exception raised
+there abandons the compilation and can crash the process (SIGSEGV) as it exits. The handler is
+installed when this module is imported (where Python's default one is in place); where the
+main thread is in JAX's code (its innermost frame one of ``jax`` or ``jaxlib``), the raise
+waits until it is out: at once between dispatches or in traced user code, or when the
+compilation or computation under way returns.
+
+NumPyro's own progress bar (``MCMC(progress_bar=True)``) dispatches every draw from Python;
+after a stop it would still dispatch each remaining (skipped) draw, at tens of microseconds
+or more each, minutes for a long run. With one chain or sequential chains (where NumPyro asks
+the kernel for its diagnostics between draws) a Ctrl-C raises ``KeyboardInterrupt`` between
+two draws instead (:meth:`RunWatch.between_draws`), with an ``InterruptWarning`` saying how to
+keep the draws; vectorised chains give the kernel no such hook.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
 import signal
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -129,38 +146,78 @@ class EpochProgress:
             self._bar = None
 
 
+_JAX_DIRS = tuple(
+    os.path.dirname(module.__file__) + os.sep for module in (jax, sys.modules["jaxlib"])
+)
+_RAISE_POLL = 0.01  # seconds between looks at the main thread's stack while a raise waits
+
+_PER_DRAW_MESSAGE = (
+    "MCMC.run with NumPyro's progress bar (progress_bar=True) dispatches every draw from "
+    "Python, and after a Ctrl-C would still dispatch each remaining draw: Ctrl-C raises "
+    "KeyboardInterrupt between two draws instead, and the draws of this run are lost. To "
+    "stop a run and keep its draws, run MCMC with progress_bar=False (the kernel's "
+    "progress_draws= shows a bar in epochs at no cost per draw) or use numpyro_sgmc.run_kernel."
+)
+
+
+def _in_jax(frame) -> bool:
+    """Whether the thread whose innermost frame is ``frame`` runs JAX's code (tracing,
+    compiling, dispatching, waiting for a result), or this module's handler; not whether JAX
+    called the code it runs (a model being traced, a function under ``jax.tree.map``)."""
+    if frame is None:
+        return False
+    return frame.f_code.co_filename.startswith(_JAX_DIRS) or frame.f_code is _HANDLER_CODE
+
+
 class _Interrupts:
-    """Ctrl-C (SIGINT) as a request to stop the runs of this library (module docstring).
+    """Ctrl-C (SIGINT) as a request to stop the runs of this library, and a
+    ``KeyboardInterrupt`` between JAX calls otherwise (module docstring).
 
     Process-wide (:data:`interrupts`). :meth:`arm` installs the handler from the main thread
-    (elsewhere it does nothing: Python only handles signals there); outside a run the handler
-    passes the signal to the one it replaced.
+    (elsewhere it does nothing: Python only handles signals there) with the wake-up socket; a
+    run's end (:meth:`disarm`) takes the socket away and puts back the handler it replaced.
     """
 
     def __init__(self):
         self._lock = threading.Lock()
         self._handler = self._handle  # one bound method, to recognise it as installed
-        self._previous = None
+        self._previous = signal.default_int_handler  # what a KeyboardInterrupt stands for
+        self._base = False  # installed at import, in place of Python's default handler
+        self._armed = False
         self._socket = None  # (reader, writer) behind signal.set_wakeup_fd, when it was free
         self._requested = False
         self._consumed = 0  # Ctrl-Cs a run acted on before Python's handler ran
         self._active = 0  # runs driven from Python (run_kernel) going now
         self._alive_until = 0.0
+        self._per_draw = False  # the run going dispatches every draw from Python
+        self._raising = None  # the thread that delivers a KeyboardInterrupt, while one waits
+
+    def install_default(self):
+        """Take the place of Python's default SIGINT handler (main thread only): Ctrl-C then
+        raises ``KeyboardInterrupt`` between JAX calls, never inside one."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, self._handler)
+            self._base = True
 
     def arm(self) -> bool:
-        """Install the handler (main thread only) and clear any earlier request.
+        """Install the handler and socket (main thread only) and clear any earlier request.
 
-        :return: whether this call installed it (and :meth:`disarm` should remove it).
+        :return: whether this call armed it (and :meth:`disarm` should disarm it).
         """
         if threading.current_thread() is not threading.main_thread():
             return False
         with self._lock:
             self._drain()
-            self._requested, self._consumed = False, 0
+            self._requested, self._consumed, self._per_draw = False, 0, False
             self._alive_until = time.monotonic() + _GRACE
         if self.installed():
             return False
-        self._previous = signal.signal(signal.SIGINT, self._handler)
+        if signal.getsignal(signal.SIGINT) is not self._handler:
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+            self._base = False
+        self._armed = True
         reader, writer = socket.socketpair()
         reader.setblocking(False)
         writer.setblocking(False)
@@ -173,15 +230,18 @@ class _Interrupts:
         return True
 
     def installed(self) -> bool:
-        """Whether the handler is the process's SIGINT handler now."""
-        return signal.getsignal(signal.SIGINT) is self._handler
+        """Whether a run armed the handler, and it is the process's SIGINT handler now."""
+        return self._armed and signal.getsignal(signal.SIGINT) is self._handler
 
     def disarm(self):
-        """Put back the handler (and wake-up descriptor) :meth:`arm` replaced."""
-        if threading.current_thread() is not threading.main_thread():
+        """Take the wake-up socket away, and put back the handler :meth:`arm` replaced (the
+        one installed at import stays)."""
+        if threading.current_thread() is not threading.main_thread() or not self._armed:
             return
-        if self.installed():
+        self._armed = False
+        if signal.getsignal(signal.SIGINT) is self._handler and not self._base:
             signal.signal(signal.SIGINT, self._previous)
+            self._previous = signal.default_int_handler
         if self._socket is not None:
             signal.set_wakeup_fd(-1)
             for end in self._socket:
@@ -202,10 +262,26 @@ class _Interrupts:
         """A run driven from Python begins: every Ctrl-C until :meth:`stop` is a request."""
         with self._lock:
             self._active += 1
+            self._per_draw = False
 
     def stop(self):
         with self._lock:
             self._active -= 1
+
+    def per_draw(self):
+        """The run going dispatches every draw from Python (main thread): from now on a
+        Ctrl-C raises ``KeyboardInterrupt`` between draws, and one already requested does."""
+        with self._lock:
+            self._per_draw = True
+            requested, self._requested = self._requested, False
+        if requested:
+            warnings.warn(_PER_DRAW_MESSAGE, InterruptWarning, stacklevel=3)
+            raise KeyboardInterrupt
+
+    @property
+    def draws_from_python(self) -> bool:
+        """Whether the run going dispatches every draw from Python (:meth:`per_draw`)."""
+        return self._per_draw
 
     def _drain(self) -> int:
         if self._socket is None:
@@ -227,20 +303,47 @@ class _Interrupts:
                 self._consumed = 0
                 return
             going = self._active > 0 or time.monotonic() < self._alive_until
-            if going and not self._requested:
+            if going and self._per_draw:
+                warnings.warn(_PER_DRAW_MESSAGE, InterruptWarning, stacklevel=2)
+            elif going and not self._requested:
                 self._requested = True
                 return
         previous = self._previous
         if previous is signal.SIG_IGN:
             return
-        if callable(previous):
+        if callable(previous) and previous is not signal.default_int_handler:
             previous(signum, frame)
             return
-        raise KeyboardInterrupt
+        if not _in_jax(frame):  # the main thread runs code of its own, not JAX's
+            raise KeyboardInterrupt
+        with self._lock:
+            if self._raising is None:
+                self._raising = threading.Thread(
+                    target=self._raise_when_out_of_jax, name="ctrl-c", daemon=True
+                )
+                self._raising.start()
+
+    def _raise_when_out_of_jax(self):
+        """Raise ``KeyboardInterrupt`` in the main thread once it has left JAX's code.
+
+        An asynchronous exception (``PyThreadState_SetAsyncExc``) is raised by the
+        interpreter's loop at the thread's next bytecode, never inside a C call; it is set
+        only once the main thread's innermost frame is not JAX's.
+        """
+        main = threading.main_thread().ident
+        while _in_jax(sys._current_frames().get(main)):
+            time.sleep(_RAISE_POLL)
+        with self._lock:
+            self._raising = None
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(main), ctypes.py_object(KeyboardInterrupt)
+            )
 
 
+_HANDLER_CODE = _Interrupts._handle.__code__
 interrupts = _Interrupts()
 """The process's Ctrl-C handling for runs of this library (``_Interrupts``)."""
+interrupts.install_default()
 
 
 class RunWatch:
@@ -282,7 +385,8 @@ class RunWatch:
             self._last[threading.get_ident()] = (now, i, interval)
             stop = interrupts.poll()
             report, self._stopped = stop and not self._stopped, self._stopped or stop
-        if report:
+        # where the draws are dispatched from Python, Ctrl-C raises instead (between_draws)
+        if report and not interrupts.draws_from_python:
             draws = i // self.num_steps
             warnings.warn(
                 f"{self.kernel_name}: interrupted (Ctrl-C) at iteration {i}, after {draws} "
@@ -295,9 +399,16 @@ class RunWatch:
                 InterruptWarning,
                 stacklevel=2,
             )
-            if self.on_stop is not None:
-                self.on_stop()
+        if report and self.on_stop is not None:
+            self.on_stop()
         return np.bool_(stop), np.int32(min(i + interval, 2**31 - 1))
+
+    @staticmethod
+    def between_draws():
+        """Host side, between two draws of NumPyro's progress-bar loop (which dispatches every
+        draw from Python): a Ctrl-C raises ``KeyboardInterrupt`` there, and one requested
+        already does now (module docstring)."""
+        interrupts.per_draw()
 
     def guard(self, sample: Callable) -> Callable:
         """``sample(state, args, kwargs)`` with the host check and the skip after a stop.
