@@ -4,6 +4,7 @@ One test per row of the bad-input table; each asserts what the message says. The
 errors are raised on the model's first trace, before anything compiles.
 """
 
+import math
 import warnings
 
 import jax
@@ -14,10 +15,25 @@ import numpyro.distributions as dist
 import pandas as pd
 import pytest
 from numpyro.infer import MCMC
+from user_models import hierarchical_logistic, make_hierarchical, make_two_plates, two_plates
 
-from numpyro_sgmc import SGD, SGHMC, SGLD, AdaSGHMC, Dense, autotune, run_kernel, warm_start
+from numpyro_sgmc import (
+    SGD,
+    SGHMC,
+    SGLD,
+    SGLDFP,
+    AdaSGHMC,
+    Dense,
+    autotune,
+    run_kernel,
+    warm_start,
+)
+from numpyro_sgmc.data.model import prepare_model
 from numpyro_sgmc.diagnostics import DivergenceWarning, PerformanceWarning, StepSizeWarning
-from problems import make_linear_regression
+from numpyro_sgmc.kernels.curvature import Curvature
+from numpyro_sgmc.kernels.sghmc import sghmc_step_check
+from numpyro_sgmc.kernels.sgld import langevin_step_check
+from problems import gaussian_location, make_gaussian_location, make_linear_regression
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +142,109 @@ def test_plate_whose_size_is_not_the_subsampled_data_length(problem):
     assert "Plate 'data' has size 8000" in message
     assert "argument 'X' (position 0) of shape (5000, 3) subsamples its axis 0" in message
     assert "numpyro.plate('data', X.shape[0], ...)" in message
+
+
+def test_labels_one_row_shorter_than_the_covariates(problem):
+    with pytest.raises(ValueError) as err:
+        run(SGLD(regression, 1e-3), problem.X, problem.y[:-1])
+    message = str(err.value)
+    assert (
+        "Plate 'data' has size 5000, the number of rows of argument 'X' (position 0), but "
+        "argument 'y' (position 1), which numpyro.subsample takes in that plate, has 4999 rows"
+    ) in message
+    assert "the per-row arrays of a plate must have the same number of rows" in message
+    assert "X[keep], y[keep]" in message
+    assert "X.shape[0]" not in message  # the plate is sized by the data already
+
+
+def indexed_regression(size):
+    """A regression that indexes its data with the indices of a plate of ``size`` rows."""
+
+    def model(X, y, prior_scale):
+        theta = numpyro.sample("theta", dist.Normal(0.0, prior_scale).to_event(1))
+        with numpyro.plate("data", size(X), subsample_size=100) as idx:
+            numpyro.sample("y", dist.Normal(X[idx] @ theta, 1.0), obs=y[idx])
+
+    return model
+
+
+def test_hand_indexed_plate_smaller_than_the_data(problem):
+    half = indexed_regression(lambda X: X.shape[0] // 2)
+    with pytest.raises(ValueError) as err:
+        run(SGLD(half, 1e-3), problem.X, problem.y, jnp.full(3, 10.0))
+    message = str(err.value)
+    assert (
+        "Subsample plate 'data' has size 2500, but the model indexes argument 'X' (position 0) "
+        "of 5000 rows, argument 'y' (position 1) of 5000 rows with its indices"
+    ) in message
+    assert "which reach row 2499 at most: rows 2500 to 4999 are never used" in message
+    assert "scaled by 2500/100 instead of 5000/100" in message
+    assert "numpyro.plate('data', X.shape[0], subsample_size=100)" in message
+    # sized by the data, the same model samples; its (3,) prior scale is no per-row argument
+    whole = indexed_regression(lambda X: X.shape[0])
+    assert run(SGLD(whole, 1e-4), problem.X, problem.y, jnp.full(3, 10.0)).get_samples()
+
+
+def indexed_hierarchical(X, group, y=None, num_groups=20):
+    """tests/user_models.py's hierarchical_logistic, indexing its rows itself: the group
+    intercepts are looked up with the batch's groups, ``alpha[group[idx]]``."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    tau = numpyro.sample("tau", dist.HalfNormal(2.0))
+    alpha = numpyro.sample("alpha", dist.Normal(mu, tau).expand([num_groups]).to_event(1))
+    beta = numpyro.sample("beta", dist.Normal(0.0, 5.0).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=100) as idx:
+        logits = alpha[group[idx]] + X[idx] @ beta
+        numpyro.sample("y", dist.Bernoulli(logits=logits), obs=y[idx])
+
+
+def indexed_two_plates(X, y, counts, z):
+    """tests/user_models.py's two_plates, indexing both of its plates (30,000 and 12,000
+    rows) itself."""
+    beta = numpyro.sample("beta", dist.Normal(0.0, 3.0).expand([X.shape[1]]).to_event(1))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(3.0))
+    rate = numpyro.sample("rate", dist.Normal(0.0, 3.0))
+    with numpyro.plate("rows", X.shape[0], subsample_size=100) as i:
+        numpyro.sample("y", dist.Normal(X[i] @ beta, sigma), obs=y[i])
+    with numpyro.plate("visits", counts.shape[0], subsample_size=40) as j:
+        numpyro.sample("z", dist.Poisson(jnp.exp(rate + counts[j] @ beta)), obs=z[j])
+
+
+def grouped_summaries(X, y, group_means, num_groups=20):
+    """A subsample plate over 20 groups (their observed means) beside one over the rows."""
+    alpha = numpyro.sample("alpha", dist.Normal(0.0, 1.0).expand([num_groups]).to_event(1))
+    beta = numpyro.sample("beta", dist.Normal(0.0, 5.0).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("groups", num_groups, subsample_size=5) as g:
+        numpyro.sample("m", dist.Normal(alpha[g], 0.1), obs=group_means[g])
+    with numpyro.plate("data", X.shape[0], subsample_size=100) as idx:
+        numpyro.sample("y", dist.Normal(X[idx] @ beta, 1.0), obs=y[idx])
+
+
+def lagged(y):
+    """An AR(1) model over its n - 1 transitions: a plate one row shorter than ``y`` whose
+    indices reach every row of it (``y[idx]`` and ``y[idx + 1]``)."""
+    rho = numpyro.sample("rho", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", y.shape[0] - 1, subsample_size=100) as idx:
+        numpyro.sample("y", dist.Normal(rho * y[idx], 1.0), obs=y[idx + 1])
+
+
+def test_plates_of_other_sizes_than_the_rows_are_not_refused():
+    # JAX arrays: a model indexes them with traced indices (X[idx] of a NumPy X cannot)
+    data, kwargs = make_hierarchical(n=2000)
+    X, group, y = jax.tree.map(jnp.asarray, data)
+    two = jax.tree.map(jnp.asarray, make_two_plates(n1=3000, n2=1200)[0])
+    sizes = {"rows": 3000, "visits": 1200}
+    models = [  # (model, args, kwargs, its plates' sizes)
+        (hierarchical_logistic, (X, group, y), kwargs, {"data": 2000}),
+        (indexed_hierarchical, (X, group, y), kwargs, {"data": 2000}),
+        (two_plates, two, {}, sizes),
+        (indexed_two_plates, two, {}, sizes),
+        (grouped_summaries, (X, y, jnp.zeros(20)), {}, {"groups": 20, "data": 2000}),
+        (lagged, (y,), {}, {"data": 1999}),
+    ]
+    for model, args, kw, plates in models:
+        # every check on the data is made here, where a kernel's init makes it
+        prepared = prepare_model(jax.random.key(0), model, args, kw)
+        assert {p.name: p.size for p in prepared.plates} == plates, model.__name__
 
 
 def test_forgotten_subsample(problem):
@@ -284,7 +403,7 @@ def test_wrong_option_values_are_refused_by_name(problem, call, match):
 
 def test_an_adapted_mass_is_not_judged_at_its_initial_value(problem):
     data = ((problem.X, problem.y), {})
-    with pytest.warns(StepSizeWarning, match="its stationary law is predicted .* wider"):
+    with pytest.warns(StepSizeWarning, match="stationary sd is predicted .* larger"):
         SGHMC(regression, 1e-2).init(jax.random.key(0), 10, None, *data)
     # AdaSGHMC keeps its draws with the mass it adapts during warm-up, not the identity the
     # check sees at the start: the predicted widening is computed but not reported
@@ -296,6 +415,58 @@ def test_an_adapted_mass_is_not_judged_at_its_initial_value(problem):
     # the stability bound holds from the first iteration, whatever the mass becomes
     with pytest.warns(StepSizeWarning, match="past the stability bound"):
         AdaSGHMC(regression, 10.0).init(jax.random.key(0), 10, None, *data)
+
+
+def stationary_sd_ratio(Kernel, problem, h):
+    """``(σ/σ*, its standard error, the step-size warning, the kernel)`` of ``Kernel(h)`` on
+    ``gaussian_location``, along the stiffest direction of ``J``, from 8 chains started at the
+    mode (each chain's variance an independent estimate)."""
+    lams, vectors = np.linalg.eigh(problem.J)
+    v, tau = vectors[:, -1], 2.0 / (h * lams[0])  # the slowest direction's relaxation time
+    kernel = Kernel(gaussian_location, h, num_steps=max(1, int(tau / 20)))
+    mcmc = MCMC(kernel, num_warmup=100, num_samples=4000, num_chains=8,
+                chain_method="vectorized", progress_bar=False)  # fmt: skip
+    start = jnp.tile(jnp.asarray(problem.mode, jnp.float32), (8, 1))
+    with pytest.warns(StepSizeWarning) as record:
+        mcmc.run(jax.random.key(0), problem.W, problem.L, init_params={"theta": start})
+    (message,) = [str(w.message) for w in record if w.category is StepSizeWarning]
+    draws = np.asarray(mcmc.get_samples(group_by_chain=True)["theta"], np.float64) @ v
+    ratio = draws.var(axis=1) / (v @ problem.post_cov @ v)
+    return np.sqrt(ratio.mean()), np.sqrt(ratio).std(ddof=1) / np.sqrt(8), message, kernel
+
+
+@pytest.mark.parametrize("stability", [1.0, 3.0], ids=["moderate", "large"])
+def test_the_step_size_warning_states_the_measured_widening(stability):
+    # control variates on a Gaussian model leave no gradient noise: the warning's number rests
+    # on λmax alone, which the check finds exactly in 2-d; the run's sd along the stiffest
+    # direction must be that much larger than the posterior's
+    problem = make_gaussian_location(n=1000)
+    h = stability / np.linalg.eigvalsh(problem.J)[-1]
+    measured, se, message, kernel = stationary_sd_ratio(SGLDFP, problem, h)
+    stated = kernel.step_check.inflation
+    assert f"stationary sd is predicted {100 * stated:.0f}% larger than the target's" in message
+    assert abs(1 + stated - measured) < 4 * se + 0.005, (stated, measured, se)
+
+
+@pytest.mark.parametrize(
+    "Kernel, stability",
+    [(SGLD, 0.36), (SGLD, 3.6), pytest.param(SGHMC, 0.5, marks=pytest.mark.slow)],
+    ids=["SGLD-moderate", "SGLD-large", "SGHMC"],
+)
+def test_the_predicted_widening_with_gradient_noise_is_the_measured_one(Kernel, stability):
+    # with minibatch noise the prediction's inputs are the check's estimates of λmax and of
+    # r = tr(I)/tr(J) (32 batches: about 20% error); given their exact values it is the run's
+    problem = make_gaussian_location(n=1000)
+    lam = np.linalg.eigvalsh(problem.J)[-1]
+    h = stability / lam
+    found = Curvature(1.1 * lam, np.trace(problem.I) / np.trace(problem.J))
+    if Kernel is SGLD:
+        predicted = langevin_step_check(h, found, 50, 1000.0, False).inflation
+    else:  # the default momentum_decay 0.1, temperature 1
+        predicted = sghmc_step_check(h, found, 1000, 50, 1.0, 0.1, False).inflation
+    measured, se, message, _ = stationary_sd_ratio(Kernel, problem, h)
+    assert abs(1 + predicted - measured) < 4 * se, (predicted, measured, se)
+    assert "stationary sd is predicted" in message
 
 
 # ---- divergences ----------------------------------------------------------------------------
@@ -331,23 +502,43 @@ def test_no_infinite_or_nan_draw_of_any_site(problem, model):
         assert np.all(np.isfinite(np.asarray(value))), name
 
 
+def location(y):
+    """A normal location model: the potential is ``(n + 1) μ² / 2`` at ``y = 0``."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", y.shape[0], subsample_size=y.shape[0]):
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=numpyro.subsample(y, event_dim=0))
+
+
 @pytest.mark.filterwarnings("ignore::numpyro_sgmc.diagnostics.StepSizeWarning")
-def test_divergence_names_the_iteration_it_happened_at(problem):
-    start = {"theta": jnp.zeros(3), "sigma": jnp.zeros(())}
+def test_divergence_names_the_iteration_it_happened_at():
+    # A divergence by construction, not by chaos: every row's gradient is the same, so SGLD's
+    # update is μ' = -G μ + sqrt(h/n) ξ with G = hλ/2 - 1 = 1.1e6 (λ = (n + 1)/n on the
+    # average-gradient scale) and |μ_k| ≈ G^k |μ_0|: the state first overflows float32 at
+    # the first k with G^k |μ_0| > its largest value (k = 7). Every value computed at
+    # iteration k - 1 is below it by a factor of over 500, and the proposal of iteration k
+    # above it by over 500: no noise, rounding or fusion of another CPU moves that iteration.
+    y, h, mu = jnp.zeros(10), 2e6, 0.1
+    growth = h * (y.shape[0] + 1) / y.shape[0] / 2 - 1
+    expected = math.ceil(math.log(float(np.finfo(np.float32).max) / mu) / math.log(growth))
+    start = {"mu": jnp.array(mu)}
     # every iterate kept: the first flagged draw is the first rejected iteration
-    each = MCMC(SGLD(positive_scale, 4.0, num_steps=1), num_warmup=0, num_samples=40,
+    each = MCMC(SGLD(location, h, num_steps=1), num_warmup=0, num_samples=2 * expected,
                 progress_bar=False)  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DivergenceWarning)
-        each.run(jax.random.key(2), problem.X, problem.y, init_params=start)
+        each.run(jax.random.key(2), y, init_params=start)
     flagged = np.flatnonzero(np.asarray(each.get_extra_fields()["diverging"]))
     first = int(flagged[0]) + 1
-    assert first > 8 and first % 8, "the test needs a divergence inside a later draw"
-    # the same chain in draws of 8 iterations: the message names that iteration, not the
-    # draw's last one
-    eights = MCMC(SGLD(positive_scale, 4.0, num_steps=8), num_warmup=0, num_samples=2,
-                  progress_bar=False)  # fmt: skip
+    assert first == expected
+    # the same chain in draws of k // 2 + 1 iterations: iteration k lies inside draw 2, neither
+    # its first nor its last iteration (k >= 5), and the message names that iteration
+    num_steps = first // 2 + 1
+    draws = MCMC(SGLD(location, h, num_steps=num_steps), num_warmup=0, num_samples=3,
+                 progress_bar=False)  # fmt: skip
     with pytest.warns(DivergenceWarning) as record:
-        eights.run(jax.random.key(2), problem.X, problem.y, init_params=start)
+        draws.run(jax.random.key(2), y, init_params=start)
     (message,) = [str(w.message) for w in record if w.category is DivergenceWarning]
-    assert f"at iteration {first} (warm-up included; in draw {-(-first // 8)}," in message
+    assert (
+        f"at iteration {first} (warm-up included; in draw 2, of {num_steps} iterations each)"
+        in message
+    )

@@ -7,8 +7,12 @@ numeric dtype become NumPy arrays of JAX's dtype (``float32``, ``int32`` by defa
 no compiled call converts them again. :func:`~numpyro_sgmc.data.model.prepare_model` then checks
 the data once, on the model's first trace, with :func:`check_finite_data` (one chunked pass:
 a NaN or an infinite value makes the gradient of every batch that holds it non-finite,
-``docs/theory.md`` §1). The option checks (:func:`positive_int`, :func:`positive_number`, ...)
-reject a wrong type or an out-of-range value with the argument's name.
+``docs/theory.md`` §1). The rows of the data are checked against the plates: the first trace
+reports per-row arguments of unequal lengths with :func:`unequal_rows`, and
+:func:`check_indexed_rows` refuses a plate whose indices, used by the model itself
+(``X[idx]``), never reach some rows of the arrays they index. The option checks
+(:func:`positive_int`, :func:`positive_number`, ...) reject a wrong type or an out-of-range
+value with the argument's name.
 
 Every message names the argument, the problem and the fix; ``docs/bad-input.md`` lists them.
 """
@@ -24,19 +28,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from numpyro.handlers import seed
 from numpyro.primitives import Messenger
 from numpyro.util import not_jax_tracer
+
+from numpyro_sgmc.data.subsample import subsample_indices
 
 __all__ = [
     "argument_labels",
     "as_arrays",
     "check_finite_data",
+    "check_indexed_rows",
     "check_types",
     "empty_arguments",
     "nonnegative_int",
     "number_in",
     "positive_int",
     "positive_number",
+    "row_counts",
+    "unequal_rows",
 ]
 
 _CHUNK_ELEMENTS = 2**22  # entries per chunk of the host pass over NumPy data (16 MB of float32)
@@ -341,3 +351,213 @@ def empty_arguments(model: Callable, model_args: tuple, model_kwargs: dict) -> O
         if hasattr(x, "shape") and np.ndim(x) >= 1 and np.shape(x)[0] == 0
     ]
     return "; ".join(empty) if empty else None
+
+
+# ---- rows of the data and the plates --------------------------------------------------------
+
+
+def row_counts(model: Callable, model_args: tuple, model_kwargs: dict) -> tuple:
+    """``((label, rows), ...)``: the leading dimension of every top-level array argument."""
+    return tuple(
+        (label, int(np.shape(x)[0]))
+        for label, x in _labelled(model, model_args, model_kwargs)
+        if hasattr(x, "shape") and np.ndim(x) >= 1
+    )
+
+
+def _name(label: str) -> str:
+    return label.split("'")[1] if "'" in label else "X"
+
+
+def unequal_rows(plate_name: str, size: int, what: str, rows: int, counts: tuple):
+    """The message for an array that ``numpyro.subsample`` takes in plate ``plate_name`` (of
+    ``size`` rows) with ``rows`` rows along the plate's axis, when other arguments have the
+    plate's ``size`` rows (``counts``: :func:`row_counts`): the per-row arrays differ in
+    length, which a plate sized by ``X.shape[0]`` cannot fix. ``None`` when no argument has
+    ``size`` rows (the plate's size is then what is wrong)."""
+    fitting = [label for label, n in counts if n == size and label != what]
+    if not fitting:
+        return None
+    others = ", ".join(fitting)
+    keep = ", ".join(f"{_name(label)}[keep]" for label in [*fitting, what] if "'" in label)
+    return (
+        f"Plate '{plate_name}' has size {size}, the number of rows of {others}, but "
+        f"{what}, which numpyro.subsample takes in that plate, has {rows} rows: the per-row "
+        "arrays of a plate must have the same number of rows. Check the step that loads, "
+        "filters or splits the data: it must keep the same rows of every per-row array"
+        + (f" (e.g. {keep} with one mask keep)." if keep else ".")
+    )
+
+
+def _leaves(model: Callable, model_args: tuple, model_kwargs: dict) -> tuple:
+    """``(leaves, treedef, labels)`` of the model arguments; ``labels[k]`` names leaf ``k``
+    when it is an array (``None`` otherwise)."""
+    positional, keyword = argument_labels(model, model_args, model_kwargs)
+    flat, treedef = jax.tree_util.tree_flatten_with_path((tuple(model_args), dict(model_kwargs)))
+    leaves, labels = [], []
+    for path, x in flat:
+        leaves.append(x)
+        if not isinstance(x, (np.ndarray, jax.Array)) or np.ndim(x) < 1:
+            labels.append(None)
+            continue
+        top = positional[path[1].idx] if path[0].idx == 0 else keyword[path[1].key]
+        rest = jax.tree_util.keystr(path[2:])
+        labels.append(top + (f", entry {rest}" if rest else ""))
+    return leaves, treedef, labels
+
+
+def _sub_jaxpr(eqn):
+    """The jaxpr an equation calls with its own inputs (``jit``, ``custom_jvp_call``, ...)."""
+    for key in ("jaxpr", "call_jaxpr"):
+        sub = eqn.params.get(key)
+        sub = getattr(sub, "jaxpr", sub)
+        if hasattr(sub, "eqns") and len(sub.invars) == len(eqn.invars):
+            return sub
+    return None
+
+
+def _interval(op: str, spans: list):
+    """The range ``(low, high)`` of ``op``'s output from its inputs' ranges (``None``:
+    unknown), for the integer arithmetic that turns a plate's indices into an array's; a
+    comparison's range is ``(0, 1)`` unless its outcome is sure."""
+    if op in ("convert_element_type", "broadcast_in_dim", "reshape", "squeeze", "copy"):
+        return spans[0]
+    if any(r is None for r in spans):
+        return None
+    if op in ("concatenate", "max", "min"):
+        lows, highs = zip(*spans, strict=True)
+        if op == "max":
+            return max(lows), max(highs)
+        return (min(lows), min(highs)) if op == "min" else (min(lows), max(highs))
+    if op not in ("add", "sub", "mul", "neg", "lt", "le", "gt", "ge") or len(spans) > 2:
+        return None
+    (a, b), (c, d) = spans[0], spans[-1]
+    if op == "neg":
+        return -b, -a
+    if op in ("add", "sub", "mul"):
+        ends = {"add": (a + c, b + d), "sub": (a - d, b - c)}.get(op)
+        return ends or (min(a * c, a * d, b * c, b * d), max(a * c, a * d, b * c, b * d))
+    sure = {"lt": (b < c, a >= d), "le": (b <= c, a > d), "gt": (a > d, b <= c),
+            "ge": (a >= d, b < c)}[op]  # fmt: skip
+    return (1, 1) if sure[0] else (0, 0) if sure[1] else (0, 1)
+
+
+def _plate_gathers(jaxpr, spans: dict, sources: dict, found: list):
+    """Walk ``jaxpr`` with ``spans``, the range of every integer variable computed from a
+    plate's indices by arithmetic (not the values an array holds at them, as ``alpha[g[idx]]``
+    with a per-row group ``g``), and ``sources``, the model arguments' leaf numbers; append
+    ``(leaf, rows, highest index)`` to ``found`` for every gather along axis 0 of an argument
+    at indices of known range."""
+
+    def span(v):
+        if hasattr(v, "val"):  # a Literal
+            value = np.asarray(v.val)
+            integer = value.ndim == 0 and value.dtype.kind in "iub"
+            return (int(value), int(value)) if integer else None
+        return spans.get(v)
+
+    for eqn in jaxpr.eqns:
+        ins = eqn.invars
+        sub = _sub_jaxpr(eqn)
+        if sub is not None:
+            inner = {w: span(v) for w, v in zip(sub.invars, ins, strict=True) if span(v)}
+            inner_sources = {
+                w: sources[v]
+                for w, v in zip(sub.invars, ins, strict=True)
+                if not hasattr(v, "val") and v in sources
+            }
+            _plate_gathers(sub, inner, inner_sources, found)
+            for o, w in zip(eqn.outvars, sub.outvars, strict=True):
+                if not hasattr(w, "val") and inner.get(w) is not None:
+                    spans[o] = inner[w]
+            continue
+        op = eqn.primitive.name
+        if op == "gather":
+            operand, where = ins[0], span(ins[1])
+            axis0 = eqn.params["dimension_numbers"].start_index_map == (0,)
+            if where is not None and axis0 and not hasattr(operand, "val"):
+                if operand in sources:
+                    found.append((sources[operand], operand.aval.shape[0], where[1]))
+            continue
+        if op == "select_n":
+            pred, cases = span(ins[0]), [span(v) for v in ins[1:]]
+            if pred is not None and pred[0] == pred[1]:
+                picked = cases[pred[0]]
+            elif all(c is not None for c in cases):
+                picked = (min(c[0] for c in cases), max(c[1] for c in cases))
+            else:
+                picked = None
+        else:
+            picked = _interval(op, [span(v) for v in ins]) if ins else None
+        if picked is not None and len(eqn.outvars) == 1:
+            spans[eqn.outvars[0]] = picked
+        if op in ("convert_element_type", "copy", "device_put") and not hasattr(ins[0], "val"):
+            if ins[0] in sources:
+                sources[eqn.outvars[0]] = sources[ins[0]]
+
+
+def check_indexed_rows(model: Callable, plates: tuple, names, model_args, model_kwargs):
+    """A subsample plate whose indices the model uses itself (``X[idx]``) reaches every row of
+    the data arguments it indexes.
+
+    ``numpyro.plate("data", 2500, subsample_size=100)`` over arrays of 5,000 rows draws its
+    indices from the first 2,500 only, and scales the batch by ``2500/b``: half the data are
+    never seen, and nothing fails. The model is traced once to a jaxpr with the plate's
+    indices and the array arguments as inputs, and the range of the indices (``[0, n_p)``) is
+    carried through the integer arithmetic on them (``idx + 1``, JAX's wrapping of negative
+    indices); every gather along axis 0 of an argument at indices of known range tells the
+    highest row the plate reaches in it. An argument with rows beyond all of them is refused.
+    Values looked up with the indices (``alpha[g[idx]]`` with a per-row group ``g``) and
+    arguments the indices do not index (a ``(d,)`` prior scale, a per-group table) are not
+    compared, nor are traced arguments (inside a ``jit``) or models that cannot be traced
+    abstractly.
+
+    :raises ValueError: naming the plate, its size, the arguments and their rows, the rows
+        never used and the fix.
+    """
+    leaves, treedef, labels = _leaves(model, model_args, model_kwargs)
+    if not all(not_jax_tracer(x) for x in leaves):
+        return
+    arrays = [k for k, label in enumerate(labels) if label is not None]
+    sizes = {p.name: p for p in plates}
+    for name in names:
+        plate = sizes[name]
+
+        def traced(idx, *values, plate=plate):
+            flat = list(leaves)
+            for k, v in zip(arrays, values, strict=True):
+                flat[k] = v
+            args, kwargs = jax.tree.unflatten(treedef, flat)
+            with subsample_indices(indices={plate.name: idx}):
+                seed(model, 0)(*args, **kwargs)
+
+        idx = jax.ShapeDtypeStruct((plate.batch_size,), jnp.int32)
+        values = [jax.ShapeDtypeStruct(np.shape(leaves[k]), leaves[k].dtype) for k in arrays]
+        try:
+            closed = jax.make_jaxpr(traced)(idx, *values)
+        except Exception:  # a model that needs concrete data: nothing to check
+            continue
+        jaxpr = closed.jaxpr
+        found = []
+        sources = {v: arrays[k] for k, v in enumerate(jaxpr.invars[1:])}
+        _plate_gathers(jaxpr, {jaxpr.invars[0]: (0, plate.size - 1)}, sources, found)
+        # rows past the highest index the plate's indices reach in an argument are never used
+        # (an index past its end is _check_indexing's error); the lagged y[idx] and
+        # y[idx + 1] of a plate of n - 1 rows reach them all
+        reach = {}  # leaf -> (rows, the highest index any gather of it reaches)
+        for k, rows, high in found:
+            reach[k] = (rows, max(high, reach.get(k, (rows, high))[1]))
+        unused = sorted((k, r, h) for k, (r, h) in reach.items() if 0 <= h < r - 1)
+        if unused:
+            rows, high = max(r for _, r, _ in unused), max(h for _, _, h in unused)
+            named = ", ".join(f"{labels[k]} of {r} rows" for k, r, _ in unused)
+            b = plate.batch_size
+            raise ValueError(
+                f"Subsample plate '{plate.name}' has size {plate.size}, but the model indexes "
+                f"{named} with its indices, which reach row {high} at most: rows {high + 1} "
+                f"to {rows - 1} are never used, and each batch is scaled by {plate.size}/{b} "
+                f"instead of {rows}/{b}. A subsample plate's size is the number of rows of the "
+                f"data it indexes: declare numpyro.plate('{plate.name}', "
+                f"{_name(labels[unused[0][0]])}.shape[0], subsample_size={b}); to use part of "
+                "the data, pass only that part."
+            )
