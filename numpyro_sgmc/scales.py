@@ -311,6 +311,25 @@ def check_type(spec, role: str):
     )
 
 
+def is_dense(scale) -> bool:
+    """Whether ``scale`` is a :class:`Dense` matrix (for kernels that need a diagonal one)."""
+    return isinstance(scale, Dense)
+
+
+def is_sized(scale) -> bool:
+    """Whether ``scale`` is a :class:`Diagonal` or :class:`Dense` (the identity has no size)."""
+    return isinstance(scale, (Diagonal, Dense))
+
+
+def factored(scale):
+    """A prepared diagonal or dense scale ready for repeated ``apply_sqrt``: a diagonal clipped
+    at 0 (the rounding of a difference such as SGHMC's ``C - B̂``), a dense one with its
+    Cholesky factor formed once."""
+    if isinstance(scale, Diagonal):
+        return Diagonal(jnp.maximum(scale.values, 0.0))
+    return Dense(scale.matrix, jnp.linalg.cholesky(scale.matrix))
+
+
 def prepare(spec, position: dict, role: str = "preconditioner", allow_zero: bool = False):
     """``spec`` checked against ``position`` (one chain's unconstrained values), in flat form.
 
@@ -563,3 +582,40 @@ def condition_number(S) -> float:
     values = np.asarray(S.eigenvalues(), np.float64)
     lo, hi = float(np.min(values)), float(np.max(values))
     return math.inf if lo <= 0 else hi / lo
+
+
+def symmetrized(S):
+    """``S`` with a dense matrix replaced by ``(M + Mᵀ)/2`` (a diagonal is already
+    symmetric): a covariance such as ``J⁻¹IJ⁻¹`` without the rounding of its products."""
+    if isinstance(S, Diagonal):
+        return S
+    return Dense(0.5 * (S.matrix + S.matrix.T))
+
+
+def masked_inverse(S, mask):
+    """``0 ⊕ S_mm⁻¹`` (NumPy): the inverse of ``S``'s block on the coordinates where the
+    ``(d,)`` bool ``mask`` is set, zero elsewhere."""
+    mask = np.asarray(mask, bool)
+    if isinstance(S, Diagonal):
+        return Diagonal(np.where(mask, 1.0 / np.asarray(S.values), 0.0))
+    out = np.zeros_like(np.asarray(S.matrix))
+    block = np.ix_(mask, mask)
+    out[block] = np.linalg.inv(np.asarray(S.matrix)[block])
+    return Dense(out)
+
+
+def apply_rows(S, rows):
+    """``(K, d)``: ``S v_k`` for every row ``v_k`` of ``rows`` ``(K, d)``."""
+    if isinstance(S, Diagonal):
+        return rows * S.values
+    return rows @ S.matrix.T
+
+
+def principal_axes(S, count: int) -> list:
+    """The ``count`` unit eigenvectors of the symmetric ``S`` of largest eigenvalue, as
+    ``(d,)`` NumPy arrays (coordinate axes for a diagonal: no ``d × d`` matrix)."""
+    if isinstance(S, Diagonal):
+        values = np.asarray(S.values)
+        return [np.eye(values.size)[k] for k in np.argsort(-values)[:count]]
+    values, vectors = np.linalg.eigh(np.asarray(S.matrix))
+    return [vectors[:, k] for k in np.argsort(-values)[:count]]

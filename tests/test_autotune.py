@@ -257,3 +257,46 @@ def test_bad_input_is_named(counts):
     sd = report.predicted_sd
     assert np.allclose(sd[[2, 3]], 10 / np.sqrt(2), rtol=0.01), sd
     assert report.row == "P4" and "I is singular" in str(report)
+
+
+def gaussian_mean(y):
+    """``y_i ~ N(μ, 1)``, ``μ ~ N(0, 10²)``: the posterior is
+    ``N(Σy/(n + 0.01), 1/(n + 0.01))``; the plate's batch is ``min(100, n)`` rows."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    n = y.shape[0]
+    with numpyro.plate("data", n, subsample_size=min(100, n)):
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=numpyro.subsample(y, event_dim=0))
+
+
+def tiny(n):
+    return jax.random.normal(jax.random.key(n), (n,)) + 1.0
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 10])
+def test_tiny_data_samples_the_exact_posterior(n):
+    """A batch of every row is the exact gradient: no gradient noise, so the control-variate
+    row samples the conjugate posterior on 1, 2, 3 or 10 rows."""
+    y = tiny(n)
+    kernel, report = autotune(gaussian_mean, KEY, y)
+    mean, var = float(jnp.sum(y)) / (n + 0.01), 1.0 / (n + 0.01)
+    assert report.batch_size == {"data": n}
+    np.testing.assert_allclose(np.asarray(report.covariance), [[var]], rtol=1e-4)
+    mcmc = run(kernel, (y,), num_samples=1000)
+    draws = np.asarray(mcmc.get_samples(group_by_chain=True)["mu"])[..., None]
+    assert_law(draws, mean=[mean], cov=[[var]], label=f"n={n}")
+
+
+def test_tiny_data_sandwich_needs_two_rows_and_then_is_the_plug_in_one():
+    for target in ("sandwich", "bagged"):
+        with pytest.raises(ValueError, match="plate 'data' has 1 row: a covariance needs at "
+                           "least two rows. Use target='posterior'"):  # fmt: skip
+            autotune(gaussian_mean, KEY, tiny(1), target=target)
+    n, y = 3, tiny(3)
+    # S = I/J²: I the rows' gradient variance, (y_i - μ) about its mean; J = 1 + 0.01/n
+    S = float(np.var(np.asarray(y, np.float64))) / (1 + 0.01 / n) ** 2
+    for target, cov in (("sandwich", S / n), ("bagged", S / n + 1 / (n + 0.01))):
+        kernel, report = autotune(gaussian_mean, KEY, y, target=target)
+        np.testing.assert_allclose(np.asarray(report.target_covariance), [[cov]], rtol=1e-4)
+        mcmc = run(kernel, (y,), num_samples=1000)
+        draws = np.asarray(mcmc.get_samples(group_by_chain=True)["mu"])[..., None]
+        assert_law(draws, mean=[float(jnp.sum(y)) / (n + 0.01)], cov=[[cov]], label=target)

@@ -7,7 +7,9 @@ import numpyro
 import numpyro.distributions as dist
 import pytest
 
+from numpyro_sgmc.data.subsample import SubsamplePlate
 from numpyro_sgmc.tuner.fisher import information
+from numpyro_sgmc.tuner.rows import Stream, choose_rows
 from problems import (
     PRIOR_SCALE,
     linear_regression,
@@ -210,7 +212,7 @@ def test_diagonal_kind_is_within_hutchinson_error_of_the_dense_diagonal():
 def independent_means(y, scales):
     loc = numpyro.sample("loc", dist.Normal(0.0, PRIOR_SCALE).expand([y.shape[1]]).to_event(1))
     shift = numpyro.sample("shift", dist.Normal(0.0, PRIOR_SCALE))
-    with numpyro.plate("data", y.shape[0], subsample_size=10):
+    with numpyro.plate("data", y.shape[0], subsample_size=min(10, y.shape[0])):
         yb = numpyro.subsample(y, event_dim=1)
         numpyro.sample("y", dist.Normal(loc + shift * 0.0, scales).to_event(1), obs=yb)
 
@@ -288,3 +290,32 @@ def test_errors_for_no_subsample_plate_bad_params_and_non_finite_values():
         )
     with pytest.raises(ValueError, match="kind"):
         information(flat_prior_regression, KEY, X, y, params={"theta": jnp.zeros(3)}, kind="full")
+
+
+def test_one_row_and_a_full_batch():
+    """One row: ``J`` is its curvature and ``I`` (a covariance of one gradient) is zero, with
+    no replicates to divide by; a batch of every row draws ``arange(n)``, so its gradient has
+    no noise."""
+    y = jnp.ones((1, 4))
+    params = {"loc": jnp.zeros(4), "shift": jnp.array(0.0)}
+    info = information(independent_means, KEY, y, np.ones(4), params=params)
+    np.testing.assert_allclose(np.diag(info.J.matrix), [1, 1, 1, 1, 0], rtol=1e-6)
+    assert np.all(info.I.matrix == 0) and info.replicates == ()
+    np.testing.assert_array_equal(info.jackknife(lambda J, I: J.diagonal()), np.zeros(5))
+    y = jnp.asarray(np.random.default_rng(3).standard_normal((40, 4)), jnp.float32)
+    info = information(independent_means, KEY, y, np.ones(4), params=params)
+    assert np.all(noise(info, 40) == 0)
+    np.testing.assert_allclose(np.diag(noise(info, 20))[:4], np.diag(info.I.matrix)[:4] / 20)
+
+
+def test_every_part_draws_from_its_own_stream():
+    streams = list(Stream)
+    assert len({s.value for s in streams}) == len(streams)  # @unique: no two share
+    draws = {s: s.rng(KEY).integers(0, 2**62, 4).tolist() for s in streams}
+    same_key = [s for s in streams if s.value[0] == "information"]
+    assert len({tuple(draws[s]) for s in same_key}) == len(same_key)
+    # choose_rows is the information stream's: the same key, the same rows
+    plates = (SubsamplePlate("data", 1000, 10),)
+    np.testing.assert_array_equal(
+        choose_rows(plates, 100, KEY)["data"], choose_rows(plates, 100, KEY)["data"]
+    )

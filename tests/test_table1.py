@@ -46,20 +46,11 @@ def recomputed(t, J, I, hessians=None):
     """The discrete-Lyapunov covariance of tuning ``t``, from its ``(h, β, Γ, Λ)`` alone."""
     if t.control_variates and hessians is None:
         hessians = lambda sigma: sigma * 0.0  # noqa: E731  no Hessian spread: no gradient noise
-    return np.asarray(
-        theory.stationary_covariance(
-            J,
-            I,
-            step_size=t.step_size,
-            batch_size=t.batch_size,
-            num_data=N,
-            inverse_temperature=t.inverse_temperature,
-            preconditioner=t.preconditioner,
-            noise_preconditioner=t.noise_preconditioner,
-            control_variates=t.control_variates,
-            hessians=hessians if t.control_variates else None,
-        )
-    )
+    fields = ("step_size", "batch_size", "inverse_temperature", "preconditioner")
+    fields += ("noise_preconditioner", "control_variates")
+    given = {field: getattr(t, field) for field in fields}
+    hessians = hessians if t.control_variates else None
+    return np.asarray(theory.stationary_covariance(J, I, num_data=N, hessians=hessians, **given))
 
 
 def test_rows_and_their_display_strings_are_the_docs_table():
@@ -240,3 +231,39 @@ def test_bad_rows_and_constants_are_named(info):
         theory.target_weights("typo")
     with pytest.raises(ValueError, match="weights=\\(w1, w2\\)"):
         theory.target_weights("mix")
+
+
+def test_a_row_is_its_data(info):
+    """What a row is lives in its fields: a new row is one ``Row`` (here P4 under another
+    name), and ``tune`` and the step rule treat it as they treat P4."""
+    J, I, _ = info
+    twin = dataclasses.replace(ROWS["P4"], name="P4-twin")
+    a = tune(twin, J, I, batch_size=B, num_data=N, step_size=0.5)
+    b = tune("P4", J, I, batch_size=B, num_data=N, step_size=0.5)
+    assert a.row == "P4-twin" and a.control_variates and math.isfinite(a.inverse_temperature)
+    np.testing.assert_allclose(a.noise_preconditioner, b.noise_preconditioner, rtol=1e-12)
+    # a forced field changes the tuning the way the field says: no injected noise is SGD
+    sgd = dataclasses.replace(ROWS["F"], name="F-twin", reach="sandwich")
+    assert tune(sgd, J, I, batch_size=B, num_data=N).noise_preconditioner is None
+    with pytest.raises(ValueError, match="reach='typo' is not one of"):
+        dataclasses.replace(ROWS["F"], reach="typo")
+    with pytest.raises(ValueError, match="step='4w1' is not one of"):
+        dataclasses.replace(ROWS["F"], step="4w1")
+
+
+def test_step_rule_is_the_tables():
+    b, n = 50, 2000
+    assert theory.step_rule("F", b, n) == pytest.approx(4 * b / (n + b))  # w1 = 1
+    assert theory.step_rule("B", b, n, (0.5, 0.5)) == pytest.approx(2 * b / (n + 0.5 * b))
+    assert theory.step_rule("P5", b, n) == pytest.approx(4 * b / n)
+    assert theory.step_rule("P4", b, n, step_size=0.3) == 0.3
+    assert theory.step_rule("P2", b, n, c_h=2.0, c_b=4.0) == pytest.approx(0.5 * b / n)
+    with pytest.raises(ValueError, match="fixes its step-size constant"):
+        theory.step_rule("G", b, n, (0.5, 0.5), step_size=0.1)
+    with pytest.raises(ValueError, match="pass c_h, not step_size"):
+        theory.step_rule("P1", b, n, step_size=0.1)
+    # β as the rows say: n/w₂ (∞ without a J⁻¹ part), n for the control-variate rows
+    assert theory.inverse_temperature("G", n, (0.5, 0.25)) == n / 0.25
+    assert theory.inverse_temperature("G", n, (0.5, 0.0)) == math.inf
+    assert theory.inverse_temperature("G-cv", n, (0.5, 0.25)) == n
+    assert theory.inverse_temperature("F", n, (1.0, 0.0)) == math.inf

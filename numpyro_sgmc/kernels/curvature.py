@@ -63,17 +63,22 @@ def _products(scale, inverse):
     return scale.apply, scale.solve
 
 
-@partial(jax.jit, static_argnames=("spec", "structure", "layout", "inverse", "iterations"))
-def _power(spec, structure, layout, inverse, iterations, scale, position, batch, v, arrays):
+def _batch_hvp(spec, structure, layout, position, batch, arrays):
+    """``(flat, v -> J_B v)``: the flat ``position`` and the Hessian-vector product of the
+    batch's potential per datum, ``∇²U_B/n``, there."""
     args, kwargs = structure.rebuild(arrays)
     flat = layout.ravel(position)
-    apply, unapply = _products(scale, inverse)
 
     def average(x):
         return potential(spec, layout.unravel(x), batch, args, kwargs) / spec.num_data
 
-    def hvp(v):
-        return jax.jvp(jax.grad(average), (flat,), (v,))[1]
+    return flat, lambda v: jax.jvp(jax.grad(average), (flat,), (v,))[1]
+
+
+@partial(jax.jit, static_argnames=("spec", "structure", "layout", "inverse", "iterations"))
+def _power(spec, structure, layout, inverse, iterations, scale, position, batch, v, arrays):
+    _, hvp = _batch_hvp(spec, structure, layout, position, batch, arrays)
+    apply, unapply = _products(scale, inverse)
 
     def body(_, v):
         w = apply(hvp(v))
@@ -85,14 +90,17 @@ def _power(spec, structure, layout, inverse, iterations, scale, position, batch,
 
 def largest_eigenvalue(
     spec, layout, position, scale, rng_key, model_args, model_kwargs, num_rows=10000,
-    iterations=50, inverse=False,
+    iterations=50, inverse=False, rng=None,
 ) -> float:  # fmt: skip
     """``λmax(PJ)`` at ``position`` (``J`` from about ``num_rows`` rows), raised by 10% for the
-    iteration's shortfall and the batch's noise.
+    iteration's shortfall and the batch's noise: the one power iteration of the kernels' step
+    checks and the autotuner.
 
     :param scale: ``P`` (or, with ``inverse=True``, ``P⁻¹``): a prepared scale.
+    :param rng: the host generator of the rows and the start vector (default
+        ``host_rng(rng_key)``; the autotuner passes its own named stream).
     """
-    rng = host_rng(rng_key)
+    rng = host_rng(rng_key) if rng is None else rng
     batch = random_rows(rng, spec.plates, num_rows)
     arrays, structure = split_args(model_args, model_kwargs)
     flat = layout.ravel(position)
@@ -119,15 +127,10 @@ class Curvature(NamedTuple):
 def _traces(spec, structure, layout, inverse, draws, scale, position, batch, rng_key, arrays):
     """``tr(P J)`` by Rademacher probes and ``b · tr(P Cov(ĝ_B))`` over ``draws`` batches."""
     args, kwargs = structure.rebuild(arrays)
-    flat = layout.ravel(position)
+    flat, hvp = _batch_hvp(spec, structure, layout, position, batch, arrays)
     apply, _ = _products(scale, inverse)
-
-    def average(x):
-        return potential(spec, layout.unravel(x), batch, args, kwargs) / spec.num_data
-
     key_probes, key_batches = random.split(rng_key)
     probes = 2.0 * random.bernoulli(key_probes, 0.5, (8,) + flat.shape).astype(flat.dtype) - 1.0
-    hvp = lambda v: jax.jvp(jax.grad(average), (flat,), (v,))[1]  # noqa: E731
     trace_j = jnp.mean(jax.vmap(lambda v: jnp.vdot(v, apply(hvp(v))))(probes))
     estimator = minibatch(spec, "with_replacement")
 

@@ -6,73 +6,24 @@ matrices are scales (``np.asarray(result)`` is the matrix).
 
 * :mod:`~numpyro_sgmc.theory.linear`: Lyapunov equations, the stationary covariance of any
   first-order tuning, mixing and autocorrelation times, iterate averaging (§3);
-* :mod:`~numpyro_sgmc.theory.table1`: Table 1 — targets, rows, tunings with the exact-noise
-  correction (§4);
+* :mod:`~numpyro_sgmc.theory.table1`: Table 1 — targets, rows as data, their step rule and
+  tunings with the exact-noise correction (§4);
 * :mod:`~numpyro_sgmc.theory.sghmc`: SGHMC's ``2d × 2d`` linearisation (§5).
+
+The public names are those of :mod:`~numpyro_sgmc.theory.linear` and
+:mod:`~numpyro_sgmc.theory.table1` (their ``__all__``) and SGHMC's prediction
+(``default_friction``, the kernels' helper, stays in :mod:`~numpyro_sgmc.theory.sghmc`).
 """
 
-from numpyro_sgmc.theory.linear import (
-    GradientNoise,
-    LinearChain,
-    MixingTime,
-    WorstAutocorrelation,
-    autocorrelation_times,
-    continuous_lyapunov,
-    discrete_lyapunov,
-    gradient_noise,
-    hessian_spread,
-    iterate_average_covariance,
-    iterate_average_covariance_limit,
-    linear_chain,
-    mixing_time,
-    stationary,
-    stationary_covariance,
-    worst_autocorrelation_time,
-)
+from numpyro_sgmc.theory import linear, table1
+from numpyro_sgmc.theory.linear import *  # noqa: F403  (its __all__)
 from numpyro_sgmc.theory.sghmc import SGHMCPrediction, sghmc_prediction, sghmc_recursion
-from numpyro_sgmc.theory.table1 import (
-    ROWS,
-    TABLE_1,
-    TARGETS,
-    InfeasibleTuning,
-    Row,
-    Tuning,
-    preconditioner,
-    rows_reaching,
-    target_covariance,
-    target_weights,
-    tune,
-)
+from numpyro_sgmc.theory.table1 import *  # noqa: F403  (its __all__)
 
 __all__ = [
-    "GradientNoise",
-    "InfeasibleTuning",
-    "LinearChain",
-    "MixingTime",
-    "ROWS",
-    "Row",
+    *linear.__all__,
+    *table1.__all__,
     "SGHMCPrediction",
-    "TABLE_1",
-    "TARGETS",
-    "Tuning",
-    "WorstAutocorrelation",
-    "autocorrelation_times",
-    "continuous_lyapunov",
-    "discrete_lyapunov",
-    "gradient_noise",
-    "hessian_spread",
-    "iterate_average_covariance",
-    "iterate_average_covariance_limit",
-    "linear_chain",
-    "mixing_time",
-    "preconditioner",
-    "rows_reaching",
     "sghmc_prediction",
     "sghmc_recursion",
-    "stationary",
-    "stationary_covariance",
-    "target_covariance",
-    "target_weights",
-    "tune",
-    "worst_autocorrelation_time",
 ]

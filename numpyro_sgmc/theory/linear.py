@@ -40,6 +40,7 @@ __all__ = [
     "hessian_spread",
     "iterate_average_covariance",
     "iterate_average_covariance_limit",
+    "langevin_sd_ratio",
     "linear_chain",
     "mixing_time",
     "stationary",
@@ -269,6 +270,32 @@ def stationary_covariance(
         noise_preconditioner=noise_preconditioner,
     )
     return stationary(chain, method)
+
+
+def langevin_sd_ratio(step_size: float, lam: float, noise: float, batch_size: int, beta: float):
+    """``σ/σ*``: the stationary sd of the first-order chain along an eigenvector ``v`` of
+    ``ΓJ`` (eigenvalue ``λ``) over its target's, ``1/sqrt(βλ)`` (``docs/theory.md`` §3).
+
+    Whitened by ``Γ``, the chain along ``v`` is ``δ' = (1 - hλ/2)δ + (h/2)e + sqrt(h/β)ξ``
+    with ``Var(e) = i/b``, ``i = vᵀΓ^{1/2} I Γ^{1/2}v`` the per-datum gradient variance along
+    ``v`` (``noise``; 0 with control variates). Its stationary variance is
+    ``(h i/(4b) + 1/β) / (λ(1 - hλ/4))``, so
+
+    .. math::
+
+        \\frac{\\sigma}{\\sigma_*} = \\sqrt{\\frac{1 + h\\beta i/(4b)}{1 - h\\lambda/4}},
+
+    exact for a quadratic log-likelihood at any stable ``h`` (``hλ < 4``; ``inf`` past it)
+    when ``v`` is also an eigenvector of ``Γ^{1/2}IΓ^{1/2}`` (``I ∝ J``, as for a well-specified
+    model near its mode); otherwise :func:`stationary_covariance` is exact and this leaves out
+    the noise that ``e`` shares with the other directions. The variance ratio is its square: a
+    law whose variance is 4 times the target's is 100% wider, not 300%.
+    """
+    h, lam = float(step_size), float(lam)
+    if h * lam >= 4:
+        return math.inf
+    noise_term = h * float(beta) * float(noise) / (4 * int(batch_size))
+    return math.sqrt((1 + noise_term) / (1 - h * lam / 4))
 
 
 class MixingTime(NamedTuple):

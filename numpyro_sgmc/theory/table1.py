@@ -9,6 +9,9 @@ The one Table 1 of the library: the autotuner, the predictions and the tests use
   via large-sample asymptotics") P1–P5, B, F, G, A, and the control-variate rows F-cv, B-cv,
   G-cv of this library, which reach the sandwich and the bagged targets the way P4 reaches
   the posterior.
+* A row carries what it is as data (:class:`Row`: the targets it reaches, its estimator,
+  ``Γ``, how it sets ``β`` and ``h``, whether its noise is exact): :func:`tune`, the step
+  rule :func:`step_rule` and the autotuner read those fields, never a row's name.
 * A **tuning** (:func:`tune`) is a row's ``(h, β, Γ, Λ)`` at given ``b`` and ``n``, with its
   predicted stationary covariance. The paper's constants are statements about the scaling
   limit (``h n/b → c_h/c_b``); :func:`tune` uses their exact discrete versions:
@@ -39,7 +42,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from numpyro_sgmc import scales
-from numpyro_sgmc.scales import Dense, Diagonal, as_scale, positive_definite, scaled_spectrum
+from numpyro_sgmc.scales import Diagonal, as_scale, positive_definite, scaled_spectrum
 from numpyro_sgmc.theory.linear import (
     GradientNoise,
     gradient_noise,
@@ -49,14 +52,17 @@ from numpyro_sgmc.theory.linear import (
 )
 
 __all__ = [
+    "REACH",
     "InfeasibleTuning",
     "ROWS",
     "Row",
     "TABLE_1",
     "TARGETS",
     "Tuning",
+    "inverse_temperature",
     "preconditioner",
     "rows_reaching",
+    "step_rule",
     "target_covariance",
     "target_weights",
     "tune",
@@ -119,8 +125,8 @@ def target_covariance(J, I, weights, data_free=None) -> object:
         gradient"). With ``w₂ > 0`` the posterior part already covers them.
     """
     w1, w2 = check_weights(*weights)
-    d = len(as_scale(J)) if not isinstance(J, (Diagonal, Dense)) else len(J)
-    J = as_scale(J, d)
+    J = as_scale(J)
+    d = len(J)
     J_inv = J.inverse()
     Q = J_inv * w2
     if w1 > 0:
@@ -128,31 +134,50 @@ def target_covariance(J, I, weights, data_free=None) -> object:
         Q = S * w1 + Q
         free = np.zeros(d, bool) if data_free is None else np.asarray(data_free, bool)
         if w2 == 0 and free.any():
-            Q = Q + _conditional_posterior(J, free) * w1
-    return Q if isinstance(Q, Diagonal) else Dense(0.5 * (Q.matrix + Q.matrix.T))
+            # 0 ⊕ J_cc⁻¹: the covariance of the free parameters given the others
+            Q = Q + scales.masked_inverse(J, free) * w1
+    return scales.symmetrized(Q)
 
 
-def _conditional_posterior(J, free):
-    """``0 ⊕ J_cc⁻¹``: the covariance of the ``free`` parameters given the others."""
-    if isinstance(J, Diagonal):
-        return Diagonal(np.where(free, 1.0 / J.values, 0.0))
-    out = np.zeros_like(J.matrix)
-    block = np.ix_(free, free)
-    out[block] = np.linalg.inv(J.matrix[block])
-    return Dense(out)
+REACH = {
+    "posterior": lambda w1, w2: w1 == 0,
+    "untempered posterior": lambda w1, w2: w1 == 0 and w2 == 1,
+    "sandwich": lambda w1, w2: w1 > 0 and w2 == 0,
+    "bagged": lambda w1, w2: w1 > 0 and w1 == w2,
+    "mix": lambda w1, w2: w1 > 0,
+}
+"""What a row's tuning reaches (:attr:`Row.reach`): the weights ``(w₁, w₂)`` of the targets
+``Q = w₁S + w₂J⁻¹`` it can be tuned to. ``"posterior"`` includes the tempered ``w₂J⁻¹``;
+``"mix"`` is every target with a sandwich part."""
+
+TEMPERATURES = ("n/w2", "n", "inf")
+"""How a row sets ``β`` (:attr:`Row.inverse_temperature`, :func:`inverse_temperature`)."""
+
+STEPS = ("c_h", "free", "4w1b", "4b/n")
+"""How a row sets ``h`` (:attr:`Row.step`, :func:`step_rule`)."""
 
 
 @dataclass(frozen=True)
 class Row:
-    """One row of Table 1; the first eight fields are the table's display strings.
+    """One row of Table 1: its display strings (the first nine fields, ``docs/theory.md`` §4)
+    and what it is, as data (the others), which is all :func:`tune` and the autotuner read;
+    adding a row is one entry of :data:`TABLE_1`.
 
-    :param str estimator: ``"minibatch"`` or ``"control_variates"``.
-    :param str drift_matrix: what ``Γ`` is: ``"I"``, ``"J^-1"`` or ``"I^-1"``.
-    :param bool stochastic: noise is injected (``β < ∞``).
-    :param str step: how ``h`` is set: ``"c_h"`` (given), ``"4w1b"`` (the exact natural-noise
-        step ``4w₁b/(n + w₁b)``), ``"4b/n"`` (P5's ``c_h = 4c_b``) or ``"free"`` (given;
-        bounded only by stability).
+    :param str reach: the targets it reaches, a key of :data:`REACH`.
+    :param default_weights: ``(w₁, w₂)`` of its target when none is given (``None``: the
+        weights must be given).
+    :param bool control_variates: its gradient estimator: control variates at the mode, or
+        plain minibatches.
+    :param str drift_matrix: what ``Γ`` is: ``"I"`` (identity), ``"J^-1"`` or ``"I^-1"``.
+    :param str inverse_temperature: how ``β`` is set (:data:`TEMPERATURES`): ``"n/w2"``
+        (``β = n/w₂``, ``∞`` at ``w₂ = 0``), ``"n"`` (the weights are in ``Λ``) or ``"inf"``
+        (no injected noise: SGD).
+    :param str step: how ``h`` is set (:data:`STEPS`, :func:`step_rule`): ``"c_h"``
+        (``h = (c_h/c_b) b/n``, given), ``"free"`` (given; bounded only by stability),
+        ``"4w1b"`` (the exact natural-noise step ``4w₁b/(n + w₁b)``) or ``"4b/n"`` (P5's
+        ``c_h = 4c_b``).
     :param bool exact_noise: ``Λ`` is set so that the discrete prediction is the target.
+    :param bool autotuned: the autotuner considers it (:func:`rows_reaching`).
     """
 
     name: str
@@ -164,81 +189,94 @@ class Row:
     target: str  # n·Cov → Q
     mixing: str  # epochs
     description: str
-    estimator: str
-    drift_matrix: str
-    stochastic: bool
-    step: str
-    exact_noise: bool
+    reach: str
+    default_weights: Optional[tuple] = None
+    control_variates: bool = False
+    drift_matrix: str = "J^-1"
+    inverse_temperature: str = "n/w2"
+    step: str = "4w1b"
+    exact_noise: bool = False
+    autotuned: bool = True
+
+    def __post_init__(self):
+        for field, value, allowed in (
+            ("reach", self.reach, tuple(REACH)),
+            ("inverse_temperature", self.inverse_temperature, TEMPERATURES),
+            ("step", self.step, STEPS),
+            ("drift_matrix", self.drift_matrix, ("I", "J^-1", "I^-1")),
+        ):
+            if value not in allowed:
+                raise ValueError(f"Row {self.name}: {field}={value!r} is not one of {allowed}.")
+
+    @property
+    def stochastic(self) -> bool:
+        """Whether noise is injected (``β < ∞``)."""
+        return self.inverse_temperature != "inf"
 
     def reaches(self, weights) -> bool:
         """Whether this row's tuning reaches ``Q = w₁S + w₂J⁻¹``."""
-        w1, w2 = weights
-        if self.name in ("P1", "P2", "P3", "P4"):
-            return w1 == 0
-        if self.name == "P5":
-            return w1 == 0 and w2 == 1
-        if self.name in ("F", "A", "F-cv"):
-            return w1 > 0 and w2 == 0
-        if self.name in ("B", "B-cv"):
-            return w1 > 0 and w1 == w2
-        return w1 > 0  # G, G-cv
+        return REACH[self.reach](*weights)
 
+
+_CV_EXACT = dict(
+    control_variates=True, inverse_temperature="n", step="free", exact_noise=True
+)  # the control-variate rows of this library: every weight in Λ, h bounded by stability
 
 TABLE_1 = (
     Row("P1", "SGLD", "I", "I", "h·n/b → 0, β = n", "", "J⁻¹",
         "4b/(n h λmin(J)) (grows with n)",
         "Plain SGLD: samples the posterior only as h·n/b → 0, so ever more epochs per "
         "mixing time, and pays the condition number of J.",
-        "minibatch", "I", True, "c_h", False),
+        "posterior", (0.0, 1.0), drift_matrix="I", step="c_h", autotuned=False),
     Row("P2", "preconditioned SGLD", "J⁻¹", "J⁻¹", "h·n/b → 0, β = n", "", "J⁻¹",
         "4b/(n h) (grows with n)",
         "SGLD preconditioned by J⁻¹: no condition-number penalty, but still h·n/b → 0.",
-        "minibatch", "J^-1", True, "c_h", False),
+        "posterior", (0.0, 1.0), step="c_h", autotuned=False),
     Row("P3", "SGLD-FP", "I", "I", "h = c_h/n, β = n", "", "J⁻¹", "4c_b/(c_h λmin(J))",
         "SGLD with control variates at the mode: the posterior at a fixed number of epochs "
         "per mixing time; pays the condition number of J.",
-        "control_variates", "I", True, "c_h", False),
+        "posterior", (0.0, 1.0), True, "I", step="c_h", autotuned=False),
     Row("P4", "preconditioned SGLD-FP", "J⁻¹", "J⁻¹", "h = c_h/n, β = n", "", "J⁻¹",
         "4c_b/c_h",
         "Control variates and J⁻¹ preconditioning: the posterior, 4c_b/c_h epochs per "
         "mixing time; with the exact noise its step is bounded only by stability.",
-        "control_variates", "J^-1", True, "free", True),
+        "posterior", (0.0, 1.0), True, step="free", exact_noise=True),
     Row("P5", "preconditioned SGD", "I⁻¹", "–", "h = c_h/n, β = ∞", "c_h = 4c_b", "J⁻¹",
         "1/λmin(I⁻¹J)",
         "SGD preconditioned by the inverse gradient covariance: its minibatch noise alone "
         "gives the posterior-like J⁻¹ (natural-gradient SGD as a sampler).",
-        "minibatch", "I^-1", False, "4b/n", False),
+        "untempered posterior", (0.0, 1.0), False, "I^-1", "inf", "4b/n"),
     Row("B", "bagged posterior", "J⁻¹", "J⁻¹", "h = c_h/n, β = n/w", "c_h = 4w c_b",
         "w (S + J⁻¹)", "1/w",
         "Minibatch noise plus injected noise: the BayesBag (bagged posterior) covariance.",
-        "minibatch", "J^-1", True, "4w1b", True),
+        "bagged", exact_noise=True),
     Row("F", "local fiducial (sandwich)", "J⁻¹", "–", "h = c_h/n, β = ∞", "c_h = 4c_b", "S",
         "1",
         "SGD preconditioned by J⁻¹: its minibatch noise gives the sandwich S = J⁻¹IJ⁻¹, the "
         "frequentist covariance, robust to misspecification; one epoch per mixing time.",
-        "minibatch", "J^-1", False, "4w1b", False),
+        "sandwich", (1.0, 0.0), inverse_temperature="inf"),
     Row("G", "interpolation", "J⁻¹", "J⁻¹", "h = c_h/n, β = n/w₂", "c_h = 4w₁c_b",
         "w₁S + w₂J⁻¹", "1/w₁",
         "Interpolates between the sandwich (w₂ = 0) and J⁻¹: covariance w₁S + w₂J⁻¹.",
-        "minibatch", "J^-1", True, "4w1b", True),
+        "mix", exact_noise=True),
     Row("A", "iterate average", "any", "–", "h = c_h/n, β = ∞", "m epochs",
         "Cov(θ̄) ≈ S/(nm)", "–",
         "The average of SGD iterates over m epochs: n m Cov(θ̄) → S for any Γ (an estimator, "
         "not a sampler; its chain is row F's).",
-        "minibatch", "J^-1", False, "4w1b", False),
+        "sandwich", (1.0, 0.0), inverse_temperature="inf", autotuned=False),
     Row("F-cv", "SGLD-FP, sandwich noise", "J⁻¹", "(1 - h/4)S", "h bounded by stability",
         "exact noise", "S", "4c_b/c_h",
         "Control variates remove the gradient noise; injected noise shaped like S supplies "
         "the sandwich: mixing in a few iterations, at any n.",
-        "control_variates", "J^-1", True, "free", True),
+        "sandwich", **_CV_EXACT),
     Row("B-cv", "SGLD-FP, bagged noise", "J⁻¹", "(1 - h/4)w(S + J⁻¹)",
         "h bounded by stability", "exact noise", "w (S + J⁻¹)", "4c_b/c_h",
         "The bagged posterior's covariance from injected noise alone, with control variates.",
-        "control_variates", "J^-1", True, "free", True),
+        "bagged", **_CV_EXACT),
     Row("G-cv", "SGLD-FP, mixed noise", "J⁻¹", "(1 - h/4)(w₁S + w₂J⁻¹)",
         "h bounded by stability", "exact noise", "w₁S + w₂J⁻¹", "4c_b/c_h",
         "Any mix w₁S + w₂J⁻¹ from injected noise alone, with control variates.",
-        "control_variates", "J^-1", True, "free", True),
+        "mix", **_CV_EXACT),
 )  # fmt: skip
 """Table 1: every row, in the order of ``docs/theory.md`` §4 (:class:`Row`)."""
 
@@ -246,16 +284,14 @@ ROWS = {row.name: row for row in TABLE_1}
 
 
 def rows_reaching(weights) -> list:
-    """The names of the rows whose tuning reaches ``Q = w₁S + w₂J⁻¹`` and that the autotuner
-    considers: P4 and P5 for the posterior, the natural-noise row (F, B or G) and its
-    control-variate row for the others."""
+    """The names of the autotuned rows (:attr:`Row.autotuned`) whose tuning reaches
+    ``Q = w₁S + w₂J⁻¹``, in table order; a ``"mix"`` row is left out where a row of the same
+    estimator names the target more narrowly (G and G-cv reach F's and B's targets too: the
+    table names those F, B and their control-variate rows)."""
     w1, w2 = check_weights(*weights)
-    candidates = ("P4", "P5", "F", "B", "G", "F-cv", "B-cv", "G-cv")
-    out = [name for name in candidates if ROWS[name].reaches((w1, w2))]
-    # G and G-cv reach F's and B's targets too; the table names those F, B (and -cv)
-    if w2 == 0 or w1 == w2:
-        out = [name for name in out if not name.startswith("G")]
-    return out
+    out = [row for row in TABLE_1 if row.autotuned and row.reaches((w1, w2))]
+    narrow = {row.control_variates for row in out if row.reach != "mix"}
+    return [row.name for row in out if row.reach != "mix" or row.control_variates not in narrow]
 
 
 class InfeasibleTuning(ValueError):
@@ -305,11 +341,21 @@ class Tuning(NamedTuple):
         )
 
 
+def _row(row) -> Row:
+    """``row`` itself, or the row of Table 1 it names."""
+    if isinstance(row, Row):
+        return row
+    try:
+        return ROWS[row]
+    except (KeyError, TypeError):
+        raise ValueError(f"Unknown Table 1 row {row!r}; the rows are {', '.join(ROWS)}.") from None
+
+
 def _weights_for(row: Row, weights) -> tuple:
     if weights is None:
-        if row.name in ("B", "G", "F-cv", "B-cv", "G-cv"):
+        if row.default_weights is None:
             raise ValueError(f"Row {row.name} needs weights=(w1, w2) for its target.")
-        weights = (1.0, 0.0) if row.name in ("F", "A") else (0.0, 1.0)
+        weights = row.default_weights
     weights = check_weights(*weights)
     if not row.reaches(weights):
         raise ValueError(
@@ -335,12 +381,13 @@ def tune(
 ) -> Tuning:
     """The tuning of Table 1 row ``name`` (module docstring) and its prediction.
 
-    :param name: a row of :data:`TABLE_1`.
+    :param name: a row of :data:`TABLE_1` (or the :class:`Row` itself).
     :param J: curvature per datum of the potential at the mode (scale or array).
     :param I: per-datum gradient covariance at the mode (scale or array).
     :param batch_size: ``b`` (over all plates); ``num_data``: ``n``.
-    :param weights: ``(w₁, w₂)`` of the target (default: the row's own, ``S`` for F and A,
-        ``J⁻¹`` for P1–P5; required for B, G and the control-variate rows).
+    :param weights: ``(w₁, w₂)`` of the target (default: the row's own,
+        :attr:`Row.default_weights`: ``S`` for F and A, ``J⁻¹`` for P1–P5; required for B, G
+        and the control-variate rows).
     :param noise: the gradient noise of the row's estimator
         (:func:`~numpyro_sgmc.theory.linear.gradient_noise`); default ``I/b`` for minibatch
         rows and none for control-variate rows (the per-datum-Hessian term neglected).
@@ -354,32 +401,23 @@ def tune(
         superfluous constants; :class:`InfeasibleTuning` when no injected noise reaches the
         target.
     """
-    try:
-        row = ROWS[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"Unknown Table 1 row {name!r}; the rows are {', '.join(ROWS)}.") from None
+    row = _row(name)
     w1, w2 = _weights_for(row, weights)
     b, n = int(batch_size), int(num_data)
     if b < 1 or n < 1:
         raise ValueError(f"batch_size and num_data must be positive, got {b}, {n}.")
-    d = len(J) if isinstance(J, (Diagonal, Dense)) else int(np.shape(J)[-1])
+    d = len(J) if scales.is_sized(J) else int(np.shape(J)[-1])
     J, I = as_scale(J, d), (None if I is None else as_scale(I, d))
-    h = _step(row, w1, b, n, step_size, c_h, c_b)
-    gamma = preconditioner(row.name, J, I, data_free)
+    h = step_rule(row, b, n, (w1, w2), step_size=step_size, c_h=c_h, c_b=c_b)
+    gamma = preconditioner(row, J, I, data_free)
     if noise is None:
-        control = row.estimator == "control_variates"
-        noise = gradient_noise(None if control else I, batch_size=b, control_variates=False)
-    if row.name in ("P1", "P2", "P3", "P4", "P5"):
-        beta = n / w2 if row.stochastic else math.inf
-    elif row.estimator == "control_variates":
-        beta = float(n)
-    else:
-        beta = n / w2 if w2 > 0 else math.inf
+        noise = gradient_noise(None if row.control_variates else I, batch_size=b)
+    beta = inverse_temperature(row, n, (w1, w2))
     target = target_covariance(J, I, (w1, w2), data_free) * (1.0 / n)
     drift = Diagonal(np.ones(d)) - (gamma @ J) * (0.5 * h)
     lam, fraction = gamma if math.isfinite(beta) else None, 0.0
     if row.exact_noise:
-        lam, fraction = _exact_noise(drift, gamma, h, beta, target, noise, row.name, b)
+        lam, fraction = _exact_noise(drift, gamma, h, beta, target, noise, row, b)
     chain = linear_chain(
         J,
         step_size=h,
@@ -396,7 +434,7 @@ def tune(
         inverse_temperature=beta,
         preconditioner=gamma,
         noise_preconditioner=lam,
-        control_variates=row.estimator == "control_variates",
+        control_variates=row.control_variates,
         target=target,
         covariance=covariance,
         drift=drift,
@@ -404,10 +442,12 @@ def tune(
     )
 
 
-def preconditioner(name: str, J, I, data_free=None):
-    """Row ``name``'s ``Γ`` (``1``, ``J⁻¹`` or ``I⁻¹``; scales); :class:`InfeasibleTuning`
-    when it needs ``I⁻¹`` and ``I`` is singular (parameters with no per-datum gradient)."""
-    kind = ROWS[name].drift_matrix
+def preconditioner(row, J, I, data_free=None):
+    """Row ``row``'s ``Γ`` (a name or a :class:`Row`; ``1``, ``J⁻¹`` or ``I⁻¹``, scales);
+    :class:`InfeasibleTuning` when it needs ``I⁻¹`` and ``I`` is singular (parameters with no
+    per-datum gradient)."""
+    row = _row(row)
+    kind = row.drift_matrix
     if kind == "I":
         return Diagonal(np.ones(len(J)))
     if kind == "J^-1":
@@ -421,20 +461,49 @@ def preconditioner(name: str, J, I, data_free=None):
             f"{scaled_spectrum(I)[0]:.3g}"
         )
         raise InfeasibleTuning(
-            f"Row {name} preconditions with I⁻¹, and the per-datum gradient covariance I is "
+            f"Row {row.name} preconditions with I⁻¹, and the per-datum gradient covariance I is "
             f"singular: {why}. Use a row preconditioned by J⁻¹ (P4)."
         )
     return I.inverse()
 
 
-def _step(row: Row, w1, b, n, step_size, c_h, c_b) -> float:
+def inverse_temperature(row, num_data: int, weights) -> float:
+    """Row ``row``'s ``β`` for ``n = num_data`` and the target ``weights``
+    (:attr:`Row.inverse_temperature`): ``n/w₂`` (``∞`` at ``w₂ = 0``: no injected noise),
+    ``n`` or ``∞``."""
+    row, (_, w2) = _row(row), weights
+    if row.inverse_temperature == "n":
+        return float(num_data)
+    if row.inverse_temperature == "n/w2" and w2 > 0:
+        return num_data / w2
+    return math.inf
+
+
+def step_rule(row, batch_size: int, num_data: int, weights=None, *, step_size=None, c_h=None,
+              c_b=None) -> float:  # fmt: skip
+    """Row ``row``'s step size ``h`` at ``b = batch_size``, ``n = num_data`` (:attr:`Row.step`).
+
+    * ``"4w1b"`` (F, B, G): ``h = 4w₁b/(n + w₁b)``, the exact natural-noise step (module
+      docstring); ``"4b/n"`` (P5): ``h = 4b/n``. Both fix ``h``: ``step_size`` and ``c_h``
+      are refused;
+    * ``"free"`` (P4, the control-variate rows): ``step_size``, or ``h = (c_h/c_b) b/n``;
+    * ``"c_h"`` (P1–P3): ``h = (c_h/c_b) b/n``, ``c_b`` defaulting to ``b``.
+
+    :param weights: ``(w₁, w₂)`` of the target (default the row's own); only ``"4w1b"``
+        reads them.
+    """
+    row = _row(row)
+    b, n = int(batch_size), int(num_data)
     if row.step in ("4w1b", "4b/n"):
         if c_h is not None or step_size is not None:
             raise ValueError(
                 f"Row {row.name} fixes its step-size constant ({row.constants}); do not pass "
                 "c_h or step_size."
             )
-        return 4.0 * b / n if row.step == "4b/n" else 4.0 * w1 * b / (n + w1 * b)
+        if row.step == "4b/n":
+            return 4.0 * b / n
+        w1 = _weights_for(row, weights)[0]
+        return 4.0 * w1 * b / (n + w1 * b)
     if step_size is not None and c_h is not None:
         raise ValueError("Give step_size or c_h, not both.")
     if step_size is not None:
@@ -453,29 +522,22 @@ def _step(row: Row, w1, b, n, step_size, c_h, c_b) -> float:
     return h
 
 
-def _exact_noise(drift, gamma, h, beta, target, noise, name, b):
+def _exact_noise(drift, gamma, h, beta, target, noise, row, b):
     """``Λ = (β/h)[Σ_t - FΣ_tFᵀ - D_g(Σ_t)]`` and the gradient-noise fraction."""
-    needed = target - drift @ target @ drift.T
-    needed = (
-        needed if isinstance(needed, Diagonal) else Dense(0.5 * (needed.matrix + needed.matrix.T))
-    )
+    needed = scales.symmetrized(target - drift @ target @ drift.T)
     G = gamma * (0.5 * h)
     supplied = G @ noise(target) @ G.T
     fraction = scales.relative_size(supplied, needed)
     if fraction >= 1.0:
-        fixed = ROWS[name].step != "free"
         raise InfeasibleTuning(
-            f"Row {name}: at batch size b = {b} and step size h = {h:.4g} the gradient noise "
-            f"alone is {fraction:.4f} times the noise the target covariance needs, so no "
+            f"Row {row.name}: at batch size b = {b} and step size h = {h:.4g} the gradient "
+            f"noise alone is {fraction:.4f} times the noise the target covariance needs, so no "
             "injected noise can reach it: "
             + (
-                "this row fixes its step from b, so the ratio does not fall with b; its "
+                "increase the batch size or lower the step size."
+                if row.step == "free"
+                else "this row fixes its step from b, so the ratio does not fall with b; its "
                 "control-variate row (which leaves far less gradient noise) or more data can."
-                if fixed
-                else "increase the batch size or lower the step size."
             )
         )
-    lam = (needed - supplied) * (beta / h)
-    return (
-        lam if isinstance(lam, Diagonal) else Dense(0.5 * (lam.matrix + lam.matrix.T))
-    ), fraction
+    return scales.symmetrized((needed - supplied) * (beta / h)), fraction

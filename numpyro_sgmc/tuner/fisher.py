@@ -32,9 +32,15 @@ import numpy as np
 
 from numpyro_sgmc import scales
 from numpyro_sgmc.data.model import Layout, num_data, prepare_model, split_args
-from numpyro_sgmc.kernels.curvature import host_rng
 from numpyro_sgmc.scales import Dense, Diagonal
 from numpyro_sgmc.theory.linear import GradientNoise
+from numpyro_sgmc.tuner.rows import (
+    CONTROL_VARIATE_ROWS,
+    PROBES,
+    Stream,
+    batch_sizes,
+    choose_rows,
+)
 from numpyro_sgmc.tuner.rowsums import global_terms, plate_sums, probe_spread
 
 __all__ = ["Information", "control_variate_noise", "information", "information_of"]
@@ -86,7 +92,7 @@ class Information(NamedTuple):
     @property
     def kind(self) -> str:
         """``"dense"`` or ``"diagonal"``."""
-        return "dense" if isinstance(self.J, Dense) else "diagonal"
+        return "dense" if scales.is_dense(self.J) else "diagonal"
 
     @property
     def potential_curvature(self):
@@ -123,27 +129,18 @@ class Information(NamedTuple):
         """Standard error of ``f(J + J_prior, I)`` (an array) from the rows' sampling: the
         grouped jackknife over the leave-one-group-out estimates, times ``sqrt(1 - m/n)``
         (zero when every row is used; zero without replicates)."""
-        value = np.asarray(f(self.potential_curvature, self.I), np.float64)
-        fpc = max(0.0, 1.0 - self.num_rows / self.num_data)
-        if not self.replicates or fpc == 0:
-            return np.zeros_like(value)
-        reps = np.stack(
-            [np.asarray(f(J + self.J_prior, I), np.float64) for J, I in self.replicates]
-        )
-        G = len(reps)
-        var = (G - 1) / G * np.sum((reps - reps.mean(axis=0)) ** 2, axis=0)
-        return np.sqrt(var * fpc)
+        return _jackknife(self, f)
 
     def gradient_noise(self, batch_size=None, spread: Optional[Callable] = None) -> GradientNoise:
         """The covariance of the minibatch gradient ``ĝ`` of one step (with replacement),
-        ``Σ_p (n_p/n)² Cov_p / b_p`` (``I/b`` for a single plate), as a
+        ``Σ_p (n_p/n)² Cov_p / b_p`` (``I/b`` for a single plate; :func:`plate_noise`), as a
         :class:`~numpyro_sgmc.theory.GradientNoise`; ``spread`` adds the per-datum-Hessian
         term ``M(Σ)/b``.
 
         :param batch_size: ``None`` for the plates' own batch sizes, an int for every plate,
             or ``{plate: b_p}``.
         """
-        sizes = _batch_sizes(self.plates, batch_size)
+        sizes = batch_sizes(self.plates, batch_size)
         total = plate_noise(self.plates, self.plate_covariances, sizes)
         if spread is None:
             return GradientNoise(total, None, 1.0)
@@ -155,95 +152,66 @@ class Information(NamedTuple):
         return {k: np.asarray(v) for k, v in self.layout.unravel(jnp.asarray(vec)).items()}
 
     def summary(self) -> str:
-        """A short printable report."""
-        cond = self.condition_numbers
-        rows = "all" if self.num_rows == self.num_data else "uniform subsample"
-        lines = [
-            f"Information ({self.kind}, d={self.layout.size}, sites "
-            f"{[s for s, *_ in self.layout.sites]})",
-            f"  data: n={self.num_data} in plate(s) "
-            + ", ".join(f"{p.name} ({p.size})" for p in self.plates)
-            + f"; rows used m={self.num_rows} ({rows})",
-            f"  condition numbers: J+J_prior {cond['J']:.4g}, I {cond['I']:.4g}",
-            f"  regularization (ridge added to J): {self.regularization:.4g}",
-            f"  Newton step to the mode: {self.mode_distance:.3g} posterior sd",
-        ]
-        if self.kind == "diagonal":
-            worst = float(np.max(self.probe_error)) if self.probe_error is not None else 0.0
-            lines.append(
-                f"  diag(J), diag(J_prior): Hutchinson estimates, {self.num_probes} probes "
-                f"(largest relative error {worst:.2g})"
-            )
-        return "\n".join(lines)
+        """A short printable report (:func:`summary`)."""
+        return summary(self)
 
     def __str__(self) -> str:
         return self.summary()
 
 
+def _jackknife(info: Information, f: Callable) -> np.ndarray:
+    """:meth:`Information.jackknife`."""
+    value = np.asarray(f(info.potential_curvature, info.I), np.float64)
+    fpc = max(0.0, 1.0 - info.num_rows / info.num_data)
+    if not info.replicates or fpc == 0:
+        return np.zeros_like(value)
+    reps = np.stack([np.asarray(f(J + info.J_prior, I), np.float64) for J, I in info.replicates])
+    G = len(reps)
+    var = (G - 1) / G * np.sum((reps - reps.mean(axis=0)) ** 2, axis=0)
+    return np.sqrt(var * fpc)
+
+
+def summary(info: Information) -> str:
+    """A short printable report of ``info``: its kind and size, the rows used, the condition
+    numbers, the ridge, the Newton step to the mode and, for a diagonal ``J``, its probes."""
+    cond = info.condition_numbers
+    rows = "all" if info.num_rows == info.num_data else "uniform subsample"
+    lines = [
+        f"Information ({info.kind}, d={info.layout.size}, sites "
+        f"{[s for s, *_ in info.layout.sites]})",
+        f"  data: n={info.num_data} in plate(s) "
+        + ", ".join(f"{p.name} ({p.size})" for p in info.plates)
+        + f"; rows used m={info.num_rows} ({rows})",
+        f"  condition numbers: J+J_prior {cond['J']:.4g}, I {cond['I']:.4g}",
+        f"  regularization (ridge added to J): {info.regularization:.4g}",
+        f"  Newton step to the mode: {info.mode_distance:.3g} posterior sd",
+    ]
+    if info.kind == "diagonal":
+        worst = float(np.max(info.probe_error)) if info.probe_error is not None else 0.0
+        lines.append(
+            f"  diag(J), diag(J_prior): Hutchinson estimates, {info.num_probes} probes "
+            f"(largest relative error {worst:.2g})"
+        )
+    return "\n".join(lines)
+
+
 def sandwich(J, I):
     """``S = J⁻¹ I J⁻¹`` (symmetrised)."""
     J_inv = J.inverse()
-    S = J_inv @ I @ J_inv
-    return S if isinstance(S, Diagonal) else Dense(0.5 * (S.matrix + S.matrix.T))
+    return scales.symmetrized(J_inv @ I @ J_inv)
 
 
-def plate_noise(plates, covariances: dict, batch_sizes: dict):
-    """``Σ_p (n_p/n)² C_p / b_p``: the per-step noise of the minibatch gradient over plates."""
+def plate_noise(plates, covariances: dict, batch: dict):
+    """``Σ_p (n_p/n)² C_p / b_p``: the per-step noise of the minibatch gradient over plates,
+    with ``b_p = batch[p]``. A plate whose batch is all its rows adds none: every batch sampler
+    gives it ``arange(n_p)`` (:func:`~numpyro_sgmc.data.batches.batch_sampler`), an exact sum."""
     n = num_data(plates)
     total = None
     for p in plates:
-        part = covariances[p.name] * ((p.size / n) ** 2 / batch_sizes[p.name])
+        weight = 0.0 if batch[p.name] >= p.size else (p.size / n) ** 2 / batch[p.name]
+        part = covariances[p.name] * weight
         total = part if total is None else total + part
     return total
-
-
-def _batch_sizes(plates, batch_size) -> dict:
-    out = {}
-    for p in plates:
-        if batch_size is None:
-            b = p.batch_size
-        elif isinstance(batch_size, dict):
-            unknown = set(batch_size) - {q.name for q in plates}
-            if unknown:
-                raise ValueError(
-                    f"batch_size names plate(s) {sorted(unknown)}; the subsample plates "
-                    f"are {sorted(q.name for q in plates)}."
-                )
-            b = batch_size.get(p.name, p.batch_size)
-        else:
-            b = batch_size
-        if not isinstance(b, (int, np.integer)) or isinstance(b, bool) or b < 1:
-            raise ValueError(f"batch size for plate '{p.name}' must be a positive int, got {b!r}")
-        out[p.name] = int(b)
-    return out
-
-
-def rows_per_plate(plates, num_rows: int) -> dict:
-    """``m_p`` proportional to ``n_p`` (largest remainders), at least 2 and at most ``n_p``."""
-    n = num_data(plates)
-    quota = np.array([num_rows * p.size / n for p in plates])
-    m = np.floor(quota).astype(int)
-    for i in np.argsort(-(quota - m))[: num_rows - int(m.sum())]:
-        m[i] += 1
-    return {p.name: int(min(max(mk, 2), p.size)) for p, mk in zip(plates, m, strict=True)}
-
-
-def choose_rows(plates, num_rows, rng_key) -> dict:
-    """Plate name -> sorted row indices of a uniform subsample of about ``num_rows`` rows
-    (``None``: every row)."""
-    n = num_data(plates)
-    if num_rows is None or num_rows >= n:
-        return {p.name: None for p in plates}
-    if not isinstance(num_rows, (int, np.integer)) or num_rows < 1:
-        raise ValueError(f"num_rows must be None or a positive int, got {num_rows!r}")
-    gen = host_rng(rng_key)
-    counts = rows_per_plate(plates, int(num_rows))
-    rows = {}
-    for p in plates:
-        m_p = counts[p.name]
-        # Generator.choice without replacement uses a hash set (O(m)) for m << n
-        rows[p.name] = None if m_p == p.size else np.sort(gen.choice(p.size, m_p, replace=False))
-    return rows
 
 
 def information(
@@ -255,7 +223,7 @@ def information(
     kind: str = "dense",
     chunk_size: int = 1024,
     regularize=None,
-    num_probes: int = 64,
+    num_probes: int = PROBES,
     model_kwargs: Optional[dict] = None,
 ) -> Information:
     """``J``, ``J_prior`` and ``I`` of ``model`` at ``params`` (``docs/theory.md`` §1 and §3).
@@ -308,7 +276,7 @@ def information_of(
     kind="dense",
     chunk_size=1024,
     regularize=None,
-    num_probes=64,
+    num_probes=PROBES,
 ) -> Information:
     """:func:`information` on a prepared model (:func:`~numpyro_sgmc.data.model.prepare_model`)."""
     if kind not in KINDS:
@@ -325,7 +293,7 @@ def information_of(
     rows = choose_rows(plates, num_rows, rng_key)
     probes = None
     if kind == "diagonal":
-        signs = host_rng(rng_key, 1).integers(0, 2, (int(num_probes), d))
+        signs = Stream.HUTCHINSON_PROBES.rng(rng_key).integers(0, 2, (int(num_probes), d))
         probes = jnp.asarray(2 * signs - 1, dtype)
     global_grad, global_curv = global_terms(spec, structure, layout, kind, zf, probes, arrays)
     global_grad, global_curv = (np.asarray(x, np.float64) for x in (global_grad, global_curv))
@@ -411,7 +379,9 @@ def _assemble(plates, sums, n, kind):
 
 
 def _leave_one_out(plates, sums, n, kind):
-    """``(J, I)`` with each row group left out in turn (groups that hold rows)."""
+    """``(J, I)`` with each row group left out in turn (groups that hold rows); a plate whose
+    rows are all in that group (a plate of one row: every row used, no sampling error) keeps
+    them."""
     groups = len(next(iter(sums.values())).count)
     out = []
     for g in range(groups):
@@ -419,14 +389,17 @@ def _leave_one_out(plates, sums, n, kind):
             continue
         J, I = 0.0, 0.0
         for p in plates:
-            Jp, cov, _, _ = _moments(sums[p.name], p.size, n, kind, drop=g)
+            s = sums[p.name]
+            drop = g if s.count.sum() > s.count[g] else None
+            Jp, cov, _, _ = _moments(s, p.size, n, kind, drop=drop)
             J, I = J + Jp, I + (p.size / n) * cov
         out.append((0.5 * (J + J.T) if kind == "dense" else J, I))
     return out if len(out) > 1 else []
 
 
 def control_variate_noise(prepared, rng_key, model_args, model_kwargs, params, covariance,
-                          num_rows=2000, num_probes=64, kind="dense") -> dict:  # fmt: skip
+                          num_rows=CONTROL_VARIATE_ROWS, num_probes=PROBES,
+                          kind="dense") -> dict:  # fmt: skip
     """Per plate, ``M̂_p = mean_k Cov_{i∈p}[∇l_i(θ̂ + δ_k) - ∇l_i(θ̂)]`` with ``E[δδᵀ] = Σ``: the
     covariance of the control-variate gradient's noise, per datum, over the law ``Σ`` the chain
     samples (:func:`~numpyro_sgmc.tuner.rowsums.probe_spread`). Its per-step noise is
@@ -445,13 +418,9 @@ def control_variate_noise(prepared, rng_key, model_args, model_kwargs, params, c
     if d <= num_probes:
         xi = math.sqrt(d) * np.eye(d)
     else:
-        xi = host_rng(rng_key, 1).standard_normal((int(num_probes), d))
-    root = covariance.sqrt()  # NumPy float64: the probes are made on the host
-    if isinstance(root, Dense):
-        deltas = np.asarray(root.apply(xi.T)).T
-    else:
-        deltas = xi * np.asarray(root.values)
-    deltas = jnp.asarray(deltas, dtype)
+        xi = Stream.CONTROL_VARIATE_PROBES.rng(rng_key).standard_normal((int(num_probes), d))
+    # Σ^{1/2} ξ_k, NumPy float64: the probes are made on the host
+    deltas = jnp.asarray(np.asarray(scales.apply_rows(covariance.sqrt(), xi)), dtype)
     arrays, structure = split_args(model_args, model_kwargs)
     rows = choose_rows(plates, min(int(num_rows), spec.num_data), rng_key)
     wrap = Dense if kind == "dense" else Diagonal

@@ -31,14 +31,27 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from numpyro_sgmc import scales
 from numpyro_sgmc.data.gradients import exact_gradient
-from numpyro_sgmc.data.model import potential, split_args
+from numpyro_sgmc.data.model import SubsampledModel, potential, split_args
 from numpyro_sgmc.data.subsample import Batch
 from numpyro_sgmc.diagnostics import ConvergenceWarning, LinearizationWarning, warn
-from numpyro_sgmc.kernels.curvature import host_rng, random_rows
+from numpyro_sgmc.kernels.curvature import random_rows
 from numpyro_sgmc.scales import Diagonal, positive_definite
 from numpyro_sgmc.theory import target_covariance
-from numpyro_sgmc.tuner.fisher import choose_rows, control_variate_noise, information_of
+from numpyro_sgmc.tuner.fisher import control_variate_noise, information_of
+from numpyro_sgmc.tuner.options import AutotuneOptions
+from numpyro_sgmc.tuner.rows import (
+    CONTROL_VARIATE_ROWS,
+    CORRELATION_ROWS,
+    LINEARITY_ROWS,
+    MAX_PROBES,
+    NEWTON_ROWS,
+    PROBES,
+    Stream,
+    choose_rows,
+    sample_rows,
+)
 
 __all__ = [
     "DENSE_MAX_DIM",
@@ -60,18 +73,23 @@ __all__ = [
 DENSE_MAX_DIM = 1000
 """Above this many parameters ``J``, ``I`` and ``Γ`` are diagonal (``dense=None``)."""
 
-CORRELATION_ROWS = 10_000
-"""The most rows :func:`correlations` solves on (the information's own, up to this many)."""
-
 
 class Problem(NamedTuple):
-    """What every step of the tuner reads: the model prepared once, its data, the options and
-    the key of the information subsample."""
+    """What every step of the tuner reads.
 
-    prepared: object
+    :param prepared: the model, prepared once (:func:`~numpyro_sgmc.data.model.prepare_model`).
+    :param tuple model_args: its positional arguments (the data).
+    :param dict model_kwargs: its keyword arguments.
+    :param options: the checked :class:`~numpyro_sgmc.tuner.options.AutotuneOptions`
+        (``None`` for a step that reads none: the run check's correlations).
+    :param rng_key: the information key, whose named streams
+        (:class:`~numpyro_sgmc.tuner.rows.Stream`) feed the rows and probes of every step.
+    """
+
+    prepared: SubsampledModel
     model_args: tuple
     model_kwargs: dict
-    options: object
+    options: Optional[AutotuneOptions]
     rng_key: object
 
 
@@ -111,7 +129,7 @@ def fit(problem: Problem, warm, weights) -> Fit:
     n, d = prepared.num_data, prepared.layout.size
     dense = d <= DENSE_MAX_DIM if options.dense is None else bool(options.dense)
     kind = "dense" if dense else "diagonal"
-    rows, probes, visited = options.num_rows, 64, 0
+    rows, probes, visited = options.num_rows, PROBES, 0
 
     def info_at(params, regularize=options.regularize, more_rows=False):
         nonlocal visited, rows
@@ -132,7 +150,7 @@ def fit(problem: Problem, warm, weights) -> Fit:
         error = prediction_error(info, weights)
         worst = float(np.max(error))
         noisy_probes = kind == "diagonal" and float(np.max(info.probe_error)) > 0.1
-        if noisy_probes and probes < 1024:
+        if noisy_probes and probes < MAX_PROBES:
             probes *= 4
         elif worst > options.tolerance and info.num_rows < n:
             # the error falls as 1/sqrt(rows); a quarter more for the estimate's own noise.
@@ -148,7 +166,7 @@ def fit(problem: Problem, warm, weights) -> Fit:
     target = target * (1.0 / n)
     # as many rows as made J and I accurate: a few thousand miss the rare rows of large
     # curvature (raw covariates) that dominate the control-variate noise
-    cv_rows = min(n, max(2000, info.num_rows))
+    cv_rows = min(n, max(CONTROL_VARIATE_ROWS, info.num_rows))
     cv_noise = control_variate_noise(
         prepared, problem.rng_key, problem.model_args, problem.model_kwargs, mode, target,
         num_rows=cv_rows, kind=kind,
@@ -226,7 +244,8 @@ def _preconditioned_solves(spec, structure, layout, iterations, zf, diag, probes
     return x, jnp.linalg.norm(r, axis=1) / jnp.linalg.norm(rhs, axis=1)
 
 
-def correlations(problem, mode, info, max_rows=CORRELATION_ROWS, num_probes=64, iterations=60):
+def correlations(problem, mode, info, max_rows=CORRELATION_ROWS, num_probes=PROBES,
+                 iterations=60):  # fmt: skip
     """The :class:`Correlations` a diagonal ``J`` leaves out, by probes: with Rademacher
     ``z_k`` and ``x_k = H⁻¹D^{1/2}z_k`` (Jacobi-preconditioned conjugate gradients,
     ``H = nJ`` from the information's own rows, at most ``max_rows`` of them, so that ``H``
@@ -239,7 +258,7 @@ def correlations(problem, mode, info, max_rows=CORRELATION_ROWS, num_probes=64, 
     zf = layout.ravel(mode)
     d = layout.size
     diag = n * np.asarray(info.potential_curvature.diagonal(), np.float64)
-    rng = host_rng(problem.rng_key, 11)
+    rng = Stream.CORRELATION_PROBES.rng(problem.rng_key)
     probes = 2.0 * rng.integers(0, 2, (int(num_probes), d)) - 1.0
     if info.num_rows <= max_rows:  # the rows information_of chose for this key
         chosen = choose_rows(spec.plates, info.num_rows if info.num_rows < n else None,
@@ -250,7 +269,7 @@ def correlations(problem, mode, info, max_rows=CORRELATION_ROWS, num_probes=64, 
             for p in spec.plates
         })  # fmt: skip
     else:
-        batch = random_rows(rng, spec.plates, max_rows)
+        batch = random_rows(rng, spec.plates, max_rows)  # the same stream, after the probes
     arrays, structure = split_args(problem.model_args, problem.model_kwargs)
     x, _ = _preconditioned_solves(
         spec, structure, layout, int(iterations), zf, jnp.asarray(diag, zf.dtype),
@@ -361,14 +380,14 @@ def newton_polish(problem, mode, gradient, info_at, max_passes=20, max_curvature
 
 def _newton_direction(problem, x, g, J, num_rows, fallback, dtype, iterations=100):
     """``H⁻¹(nḡ)`` by Jacobi-preconditioned conjugate gradients on the Hessian of about
-    ``num_rows`` rows (at most 20,000), preconditioned by the diagonal ``J``: a diagonal ``J``
-    alone is a poor Newton direction where the parameters are correlated. ``fallback`` (the
-    diagonal step) where the solve does not converge or is not a descent direction (``H`` not
-    positive definite away from the mode)."""
+    ``num_rows`` rows (at most :data:`~numpyro_sgmc.tuner.rows.NEWTON_ROWS`), preconditioned by
+    the diagonal ``J``: a diagonal ``J`` alone is a poor Newton direction where the parameters
+    are correlated. ``fallback`` (the diagonal step) where the solve does not converge or is
+    not a descent direction (``H`` not positive definite away from the mode)."""
     prepared = problem.prepared
     layout, spec, n = prepared.layout, prepared.spec, prepared.num_data
     diag = n * np.asarray(J.diagonal(x.size), np.float64)
-    rows = random_rows(host_rng(problem.rng_key, 12), spec.plates, min(num_rows, 20_000))
+    rows = sample_rows(Stream.NEWTON_ROWS, problem.rng_key, spec.plates, min(num_rows, NEWTON_ROWS))
     arrays, structure = split_args(problem.model_args, problem.model_kwargs)
     step, residual = _preconditioned_solves(
         spec, structure, layout, int(iterations), jnp.asarray(x, dtype), jnp.asarray(diag, dtype),
@@ -460,7 +479,7 @@ def _profiles(spec, structure, layout, zf, deltas, basis, batch, full_gradient, 
     return rises, curvature(zf), jax.vmap(lambda delta: curvature(zf + delta))(deltas)
 
 
-def linearity(problem, mode, target, num_rows=4000) -> list:
+def linearity(problem, mode, target, num_rows=LINEARITY_ROWS) -> list:
     """The log posterior along the target's three widest directions, against the quadratic
     every prediction assumes (``docs/theory.md`` §4, "The local picture and its error").
 
@@ -478,7 +497,7 @@ def linearity(problem, mode, target, num_rows=4000) -> list:
     prepared = problem.prepared
     layout, spec, n = prepared.layout, prepared.spec, prepared.num_data
     zf = layout.ravel(mode)
-    directions = _widest(target, 3)
+    directions = scales.principal_axes(target, 3)
     k = len(directions)
     sd = np.sqrt(np.maximum([v @ np.asarray(target.apply(v)) for v in directions], 0.0))
     steps = np.array([-2.0, -1.0, 1.0, 2.0])
@@ -487,7 +506,7 @@ def linearity(problem, mode, target, num_rows=4000) -> list:
     _, full = exact_gradient(spec, mode, problem.model_args, problem.model_kwargs)
     full = -n * layout.ravel(full)  # ∇U = -n ĝ
     arrays, structure = split_args(problem.model_args, problem.model_kwargs)
-    batch = random_rows(host_rng(problem.rng_key, 7), spec.plates, num_rows)
+    batch = sample_rows(Stream.LINEARITY_ROWS, problem.rng_key, spec.plates, num_rows)
     rises, H0, H = (
         np.asarray(x, np.float64)
         for x in _profiles(
@@ -601,13 +620,3 @@ def linearity_error(findings, target) -> np.ndarray:
         change = abs(min(f.sd_ratio, 1e3) ** 2 - 1) * f.sd**2 * f.direction**2
         error = error + change / np.maximum(variances, 1e-300)
     return np.minimum(error, 1.0)
-
-
-def _widest(covariance, count) -> list:
-    """The ``count`` unit directions of largest variance (eigenvectors; axes if diagonal)."""
-    if isinstance(covariance, Diagonal):
-        values = np.asarray(covariance.values)
-        order = np.argsort(-values)[:count]
-        return [np.eye(values.size)[k] for k in order]
-    values, vectors = np.linalg.eigh(np.asarray(covariance.matrix))
-    return [vectors[:, k] for k in np.argsort(-values)[:count]]

@@ -17,54 +17,45 @@ import numpy as np
 from numpyro_sgmc import scales
 from numpyro_sgmc.theory import autocorrelation_times
 
-__all__ = ["TuningReport"]
+__all__ = ["TuningReport", "describe"]
 
 
 class TuningReport(NamedTuple):
     """What :func:`~numpyro_sgmc.autotune` chose and predicts; matrices are scales
     (:mod:`numpyro_sgmc.scales`) over the flat unconstrained parameters (``layout``).
 
-    :param str row: the Table 1 row.
-    :param str algorithm: the kernel's class name.
-    :param str target: the target's name; ``weights`` its ``(w₁, w₂)``.
-    :param float step_size: ``h``.
-    :param dict batch_size: ``b`` per plate.
-    :param float inverse_temperature: ``β`` (``inf`` for SGD).
-    :param preconditioner: ``Γ``.
-    :param noise_preconditioner: ``Λ`` (``None`` for SGD).
-    :param bool control_variates: whether the kernel uses control variates.
+    :param str row: the Table 1 row; ``algorithm`` the kernel's class name.
+    :param str target: the target's name; ``weights`` its ``(w₁, w₂)``; ``num_data``: ``n``.
+    :param step_size: ``h``; ``batch_size``: ``b`` per plate (a dict); ``inverse_temperature``:
+        ``β`` (``inf`` for SGD); ``preconditioner``: ``Γ``; ``noise_preconditioner``: ``Λ``
+        (``None`` for SGD); ``control_variates``: whether the kernel uses them.
     :param int num_steps: iterations per MCMC draw given to the kernel.
-    :param target_covariance: ``Σ_t = Q/n`` (unconstrained).
-    :param covariance: the predicted stationary covariance (unconstrained).
+    :param target_covariance: ``Σ_t = Q/n``; ``covariance`` the predicted stationary one
+        (both unconstrained).
     :param constrained_covariance: the prediction mapped to the constrained latent sites by
         the delta method, ``(d, d)`` array (``None`` for a diagonal prediction).
-    :param autocorrelation_iterations: ``(d,)`` predicted integrated autocorrelation time of
-        each unconstrained parameter, in iterations.
-    :param float mixing_iterations: the worst over all linear functionals, in iterations.
-    :param float mixing_epochs: the same in epochs of gradient work.
+    :param autocorrelation_iterations: ``(d,)`` each unconstrained parameter's predicted
+        integrated autocorrelation time, in iterations; ``mixing_iterations`` the worst over
+        all linear functionals, ``mixing_epochs`` the same in epochs of gradient work.
     :param int gradient_evaluations_per_iteration: ``b``, or ``2b`` with control variates.
     :param float setup_epochs: passes over the data before sampling (warm start, information
         rows, Newton passes, the control-variate centre).
-    :param float newton_step: length, in posterior sds, of the Newton step that polished the
-        warm start's mode.
-    :param int num_data: ``n``.
-    :param dict mode: unconstrained mode (``init_params`` for ``MCMC.run``).
-    :param dict constrained_mode: the mode in constrained space.
-    :param information: the :class:`~numpyro_sgmc.tuner.fisher.Information` at the mode.
-    :param warm_start: the :class:`~numpyro_sgmc.tuner.warmstart.WarmStart` run.
+    :param float newton_step: the first Newton step's length from the warm start's mode, in
+        posterior sds.
+    :param dict mode: unconstrained mode (``init_params`` for ``MCMC.run``); ``constrained_mode``
+        the same in constrained space.
+    :param information: the :class:`~numpyro_sgmc.tuner.fisher.Information` at the mode;
+        ``warm_start`` the :class:`~numpyro_sgmc.tuner.warmstart.WarmStart` run.
     :param layout: the :class:`~numpyro_sgmc.data.model.Layout` of the unconstrained vector.
     :param list constrained_layout: ``[(site, start, stop, shape)]`` of the constrained sites.
     :param dict transforms: site -> the transform from unconstrained to constrained values.
     :param list alternatives: ``(row, mixing_epochs or message)`` of every row considered.
-    :param prediction_error: ``(d,)`` relative standard error of the predicted standard
-        deviations: the rows used for ``J`` and ``I``, for a diagonal ``J`` its probes and the
-        correlations it leaves out, and the log posterior's distance from a quadratic
-        (:func:`~numpyro_sgmc.tuner.laplace.fit`).
-    :param list nonlinearity: the log posterior along the target's widest directions against
-        the quadratic the predictions assume (:class:`~numpyro_sgmc.tuner.laplace.Nonlinearity`).
+    :param prediction_error: ``(d,)`` relative standard error of the predicted sds
+        (:attr:`~numpyro_sgmc.tuner.laplace.Fit.prediction_error`).
+    :param list nonlinearity: the :class:`~numpyro_sgmc.tuner.laplace.Nonlinearity` of the
+        target's widest directions.
     :param correlations: for a diagonal ``J``, the :class:`~numpyro_sgmc.tuner.laplace.Correlations`
-        it leaves out: ``covariance`` is inflated by them and ``drift`` slowed (``None`` for a
-        dense ``J``).
+        it leaves out, which inflate ``covariance`` and slow ``drift`` (``None`` if dense).
     """
 
     row: str
@@ -106,12 +97,7 @@ class TuningReport(NamedTuple):
         ``J``, each parameter's effective ``1 - (h/2)/c_j``, ``c_j`` its concentration on the
         slow directions the diagonal leaves out
         (:class:`~numpyro_sgmc.tuner.laplace.Correlations`)."""
-        if self.correlations is not None:
-            rate = 1.0 / np.asarray(self.correlations.concentration, np.float64)
-            return scales.Diagonal(1.0 - 0.5 * self.step_size * rate)
-        J = self.information.potential_curvature
-        F = self.preconditioner @ J
-        return scales.Diagonal(np.ones(self.layout.size)) - F * (0.5 * self.step_size)
+        return _drift(self)
 
     def autocorrelation_per_draw(self, thinning: int = 1) -> np.ndarray:
         """Predicted per-parameter integrated autocorrelation time of the collected draws.
@@ -143,56 +129,71 @@ class TuningReport(NamedTuple):
         return np.sqrt(np.asarray(self.covariance.diagonal(), np.float64))
 
     def __str__(self) -> str:
-        b = ", ".join(f"{k}: {v}" for k, v in self.batch_size.items())
-        w1, w2 = self.weights
-        info = self.information
-        lines = [
-            f"Autotuned {self.algorithm} (Table 1 row {self.row}) for target '{self.target}' "
-            f"(Q = {w1:g}·S + {w2:g}·J⁻¹), n = {self.num_data}",
-            f"  step size h = {self.step_size:.4g}, batch size b = {b}, "
-            f"inverse temperature β = {self.inverse_temperature:.6g}, "
-            f"control variates: {self.control_variates}, {self.num_steps} iterations per draw",
-            f"  predicted mixing: {self.mixing_iterations:.3g} iterations = "
-            f"{self.mixing_epochs:.3g} epochs; per-draw autocorrelation time "
-            f"{self.autocorrelation_per_draw().max():.3g}",
-            f"  information ({info.kind}) from {info.num_rows} rows: "
-            f"cond(J) = {info.condition_numbers['J']:.3g}, "
-            f"cond(I) = {info.condition_numbers['I']:.3g}; warm-start mode moved "
-            f"{self.newton_step:.2g} posterior sd by a Newton step",
-        ]
-        if self.prediction_error is not None:
-            lines.append(
-                f"  prediction error: predicted sds within "
-                f"±{100 * np.max(self.prediction_error):.2g}% (one standard error: the "
-                "information rows and the distance from a Gaussian)"
-            )
-        free = info.data_free
-        if np.any(free):
-            names = sorted(
-                {n.split("[")[0] for n, f in zip(self.layout.names(), free, strict=True) if f}
-            )
-            lines.append(
-                f"  no per-datum gradient: {', '.join(names)} (I = 0 there; their uncertainty "
-                "is the conditional posterior's, docs/theory.md §4)"
-            )
-        for f in self.nonlinearity:
-            if not 0.95 <= f.sd_ratio <= 1.05:
-                lines.append(
-                    f"  far from Gaussian along {f.label}: the log posterior's profile is "
-                    f"{f.sd_ratio:.3g}x as wide as the quadratic's (counted in the error)"
-                )
-        others = [(r, why) for r, why in self.alternatives if r != self.row]
-        for r, why in others:
-            cost = f"mixes in {why:.3g} epochs" if isinstance(why, float) else why
-            lines.append(f"  row {r}: {cost}")
-        lines.append("  predicted sd (unconstrained):")
-        sd = self.predicted_sd
-        for name, start, stop, _ in self.layout.sites:
-            values = " ".join(f"{v:.4g}" for v in sd[start:stop][:8])
-            more = " ..." if stop - start > 8 else ""
-            lines.append(f"    {name:<20} {values}{more}")
+        return describe(self)
+
+
+def _drift(report: TuningReport):
+    """:attr:`TuningReport.drift`."""
+    if report.correlations is not None:
+        rate = 1.0 / np.asarray(report.correlations.concentration, np.float64)
+        return scales.Diagonal(1.0 - 0.5 * report.step_size * rate)
+    F = report.preconditioner @ report.information.potential_curvature
+    return scales.Diagonal(np.ones(report.layout.size)) - F * (0.5 * report.step_size)
+
+
+def describe(report: TuningReport) -> str:
+    """The printable report: the tuning, the predicted mixing and its error, the rows
+    considered, the predicted sds and the draws an ESS of 1000 needs."""
+    b = ", ".join(f"{k}: {v}" for k, v in report.batch_size.items())
+    w1, w2 = report.weights
+    info = report.information
+    lines = [
+        f"Autotuned {report.algorithm} (Table 1 row {report.row}) for target '{report.target}' "
+        f"(Q = {w1:g}·S + {w2:g}·J⁻¹), n = {report.num_data}",
+        f"  step size h = {report.step_size:.4g}, batch size b = {b}, "
+        f"inverse temperature β = {report.inverse_temperature:.6g}, "
+        f"control variates: {report.control_variates}, {report.num_steps} iterations per draw",
+        f"  predicted mixing: {report.mixing_iterations:.3g} iterations = "
+        f"{report.mixing_epochs:.3g} epochs; per-draw autocorrelation time "
+        f"{report.autocorrelation_per_draw().max():.3g}",
+        f"  information ({info.kind}) from {info.num_rows} rows: "
+        f"cond(J) = {info.condition_numbers['J']:.3g}, "
+        f"cond(I) = {info.condition_numbers['I']:.3g}; warm-start mode moved "
+        f"{report.newton_step:.2g} posterior sd by a Newton step",
+    ]
+    if report.prediction_error is not None:
         lines.append(
-            f"  ESS 1000 needs {self.draws_for(1000)} draws = {self.epochs_for(1000):.3g} epochs "
-            f"of sampling, after {self.setup_epochs:.3g} epochs of setup"
+            f"  prediction error: predicted sds within "
+            f"±{100 * np.max(report.prediction_error):.2g}% (one standard error: the "
+            "information rows and the distance from a Gaussian)"
         )
-        return "\n".join(lines)
+    free = info.data_free
+    if np.any(free):
+        names = sorted(
+            {n.split("[")[0] for n, f in zip(report.layout.names(), free, strict=True) if f}
+        )
+        lines.append(
+            f"  no per-datum gradient: {', '.join(names)} (I = 0 there; their uncertainty "
+            "is the conditional posterior's, docs/theory.md §4)"
+        )
+    for f in report.nonlinearity:
+        if not 0.95 <= f.sd_ratio <= 1.05:
+            lines.append(
+                f"  far from Gaussian along {f.label}: the log posterior's profile is "
+                f"{f.sd_ratio:.3g}x as wide as the quadratic's (counted in the error)"
+            )
+    others = [(r, why) for r, why in report.alternatives if r != report.row]
+    for r, why in others:
+        cost = f"mixes in {why:.3g} epochs" if isinstance(why, float) else why
+        lines.append(f"  row {r}: {cost}")
+    lines.append("  predicted sd (unconstrained):")
+    sd = report.predicted_sd
+    for name, start, stop, _ in report.layout.sites:
+        values = " ".join(f"{v:.4g}" for v in sd[start:stop][:8])
+        more = " ..." if stop - start > 8 else ""
+        lines.append(f"    {name:<20} {values}{more}")
+    lines.append(
+        f"  ESS 1000 needs {report.draws_for(1000)} draws = {report.epochs_for(1000):.3g} epochs "
+        f"of sampling, after {report.setup_epochs:.3g} epochs of setup"
+    )
+    return "\n".join(lines)

@@ -48,73 +48,21 @@ from numpyro.infer.initialization import init_to_mean, init_to_value
 
 from numpyro_sgmc import scales, theory
 from numpyro_sgmc.data import validation
-from numpyro_sgmc.data.batches import BATCH_SAMPLING
 from numpyro_sgmc.data.model import Layout, constrain, constrained, prepare_model, split_args
 from numpyro_sgmc.kernels import SGD, SGLD, SGLDFP
 from numpyro_sgmc.kernels.curvature import largest_eigenvalue
 from numpyro_sgmc.kernels.shell import Tuned
-from numpyro_sgmc.scales import Dense, Diagonal
+from numpyro_sgmc.scales import Diagonal
 from numpyro_sgmc.theory import InfeasibleTuning, rows_reaching, target_weights
 from numpyro_sgmc.theory.linear import GradientNoise
 from numpyro_sgmc.tuner.fisher import plate_noise
 from numpyro_sgmc.tuner.laplace import Problem, fit
+from numpyro_sgmc.tuner.options import AutotuneOptions
 from numpyro_sgmc.tuner.report import TuningReport
+from numpyro_sgmc.tuner.rows import INFORMATION_ROWS, Stream, halvings
 from numpyro_sgmc.tuner.warmstart import WarmStart, warm_start_of
 
 __all__ = ["AutotuneOptions", "autotune"]
-
-
-class AutotuneOptions(NamedTuple):
-    """The autotuner's options (the keyword arguments of :func:`autotune`), checked once."""
-
-    batch_size: object
-    row: Optional[str]
-    warm_start_epochs: float
-    learning_rate: float
-    num_restarts: int
-    num_rows: Optional[int]
-    dense: Optional[bool]
-    regularize: object
-    max_step: float
-    min_batch_size: int
-    num_steps: Optional[int]
-    batch_sampling: str
-    tolerance: float
-    init_strategy: Callable
-    init_params: Optional[dict]
-
-    def check(self) -> "AutotuneOptions":
-        """Every option's type and range: a ``TypeError`` or ``ValueError`` that names it."""
-        checked = self._replace(
-            max_step=validation.number_in(
-                "max_step (the bound on h·λmax(ΓJ))", self.max_step, 0, 4
-            ),
-            num_restarts=validation.positive_int("num_restarts", self.num_restarts),
-            min_batch_size=validation.positive_int("min_batch_size", self.min_batch_size),
-            learning_rate=validation.positive_number("learning_rate", self.learning_rate),
-            warm_start_epochs=validation.positive_number(
-                "warm_start_epochs", self.warm_start_epochs
-            ),
-            tolerance=validation.number_in("tolerance", self.tolerance, 0, 1),
-            num_rows=validation.positive_int("num_rows", self.num_rows, allow_none=True),
-            num_steps=validation.positive_int("num_steps", self.num_steps, allow_none=True),
-        )
-        if self.dense is not None and not isinstance(self.dense, (bool, np.bool_)):
-            raise TypeError(f"dense must be None, True or False, got {self.dense!r}.")
-        if self.batch_sampling not in BATCH_SAMPLING:
-            raise ValueError(
-                f"Unknown batch_sampling {self.batch_sampling!r}; choose one of "
-                f"{', '.join(BATCH_SAMPLING)}."
-            )
-        if not callable(self.init_strategy):
-            raise TypeError(
-                f"init_strategy must be a NumPyro init strategy, got {self.init_strategy!r}."
-            )
-        if self.row is not None and self.row not in theory.ROWS:
-            raise ValueError(
-                f"Unknown Table 1 row {self.row!r}; the rows are {', '.join(theory.ROWS)}."
-            )
-        return checked
 
 
 class Choice(NamedTuple):
@@ -151,7 +99,7 @@ def autotune(
     warm_start_epochs: float = 5,
     learning_rate: float = 0.05,
     num_restarts: int = 1,
-    num_rows: Optional[int] = 10000,
+    num_rows: Optional[int] = INFORMATION_ROWS,
     dense: Optional[bool] = None,
     regularize=None,
     max_step: float = 1.0,
@@ -187,6 +135,13 @@ def autotune(
         mcmc.run(jax.random.key(3), X, y)
         check_run(mcmc, report)
 
+    The keywords after ``warm`` are the options, documented field by field in
+    :class:`~numpyro_sgmc.tuner.options.AutotuneOptions`: ``batch_size`` and ``row``; the warm
+    start's ``warm_start_epochs``, ``learning_rate``, ``num_restarts``, ``init_strategy`` and
+    ``init_params``; the information's ``num_rows``, ``dense``, ``regularize`` and
+    ``tolerance``; the kernel's ``max_step``, ``min_batch_size``, ``num_steps`` and
+    ``batch_sampling``.
+
     :param model: a NumPyro model whose data plate(s) declare ``subsample_size``.
     :param rng_key: PRNG key for the warm start and the information subsample.
     :param model_args: the data, as for ``MCMC.run``.
@@ -195,30 +150,6 @@ def autotune(
     :param weight: ``w`` of ``"bagged"`` / ``"local_fiducial"`` / tempered ``"posterior"``.
     :param weights: ``(w₁, w₂)`` of ``"mix"``.
     :param warm: a :class:`~numpyro_sgmc.tuner.warmstart.WarmStart` to reuse (its best restart).
-    :param batch_size: ``b`` (int or ``{plate: int}``); default the plates' ``subsample_size``.
-    :param row: force a row of Table 1 that reaches the target; default the cheapest.
-    :param warm_start_epochs: epochs of the warm start.
-    :param learning_rate: the warm start's Adam learning rate.
-    :param num_restarts: warm-start restarts (the best is kept).
-    :param num_rows: rows for ``J`` and ``I`` to start with (``None``: all ``n``); more are
-        added until the prediction's own error is under ``tolerance``.
-    :param dense: dense ``J``/``Γ`` (default when ``d ≤ 1000``,
-        :data:`~numpyro_sgmc.tuner.laplace.DENSE_MAX_DIM`) or diagonal.
-    :param regularize: for a ``J`` that is not positive definite
-        (:func:`~numpyro_sgmc.tuner.fisher.information`).
-    :param max_step: the bound on ``h·λmax(ΓJ)`` (module docstring).
-    :param min_batch_size: the smallest batch per plate the control-variate rows try.
-    :param num_steps: iterations per draw; default about a quarter of the predicted mixing
-        time.
-    :param batch_sampling: the kernel's ``batch_sampling``. The predictions assume batches
-        drawn with replacement; the others have a gradient noise smaller by ``(n - b)/(n - 1)``.
-    :param tolerance: the largest relative standard error of the predicted standard
-        deviations allowed from the rows used for ``J`` and ``I`` (default 2%).
-    :param init_strategy: where the warm start begins: a NumPyro init strategy (default the
-        prior mean, which keeps ``exp`` finite on raw covariate scales; a strategy that finds
-        no finite point falls back to the prior mean, then to the unconstrained zeros).
-    :param dict init_params: or unconstrained starting values (with a leading restart axis for
-        several restarts).
     :param dict model_kwargs: the model's keyword arguments.
     :return: ``(kernel, report)``: a kernel for ``numpyro.infer.MCMC`` that starts at the mode,
         and a :class:`~numpyro_sgmc.tuner.report.TuningReport`.
@@ -239,6 +170,7 @@ def autotune(
         batch_size=options.batch_size,
         init_strategy=options.init_strategy,
     )
+    _check_rows_for(prepared.plates, weights)
     if warm is None:
         # no convergence check: the Newton steps of the fit measure the same distance with
         # the J estimated there anyway
@@ -260,18 +192,25 @@ def autotune(
     return _build(problem, local, warm, choice)
 
 
-def _halvings(batch: dict, smallest: int):
-    """``batch`` (plate -> b), then halved together while every plate stays ``>= smallest``."""
-    yield batch
-    while all(b // 2 >= smallest for b in batch.values()):
-        batch = {k: b // 2 for k, b in batch.items()}
-        yield batch
+def _check_rows_for(plates, weights):
+    """A target with a sandwich part (``w₁ > 0``) needs ``I``, the covariance of the per-datum
+    gradients, which a plate of one row cannot estimate."""
+    short = [p for p in plates if p.size < 2]
+    if weights[0] > 0 and short:
+        p = short[0]
+        raise ValueError(
+            f"This target has a sandwich part (w1 = {weights[0]:g} of S = J⁻¹IJ⁻¹), which needs "
+            "I, the covariance of the per-datum gradients, and plate "
+            f"'{p.name}' has {p.size} row: a covariance needs at least two rows. Use "
+            "target='posterior' (J⁻¹ needs no I), or more data."
+        )
 
 
 def _lam_max(problem, fit) -> Callable:
-    """``gamma -> λmax(ΓJ)``: exact for a dense ``J``, by power iteration for a diagonal one."""
+    """``gamma -> λmax(ΓJ)``: exact for a dense ``J``, by power iteration for a diagonal one
+    (:func:`~numpyro_sgmc.kernels.curvature.largest_eigenvalue`, on its own stream)."""
     J = fit.information.potential_curvature
-    if isinstance(J, Dense):
+    if scales.is_dense(J):
         return lambda gamma: scales.relative_size(J, gamma.inverse())  # λmax(ΓJ)
     prepared = problem.prepared
     rows = problem.options.num_rows or prepared.num_data
@@ -279,6 +218,7 @@ def _lam_max(problem, fit) -> Callable:
     return lambda gamma: largest_eigenvalue(
         prepared.spec, prepared.layout, fit.mode, Diagonal(jnp.asarray(gamma.values, dtype)),
         problem.rng_key, problem.model_args, problem.model_kwargs, rows,
+        rng=Stream.POWER_ITERATION.rng(problem.rng_key),
     )  # fmt: skip
 
 
@@ -298,7 +238,7 @@ def _candidates(problem, fit, weights):
     out, alternatives = [], []
     for name in names:
         try:
-            candidate = _tune_row(name, problem, fit, weights, lam_max)
+            candidate = _tune_row(theory.ROWS[name], problem, fit, weights, lam_max)
         except InfeasibleTuning as err:
             alternatives.append((name, f"not usable: {err}"))
             continue
@@ -312,45 +252,50 @@ def _candidates(problem, fit, weights):
     return out, alternatives
 
 
-def _tune_row(name, problem, fit, weights, lam_max) -> Candidate:
-    """One row's tuning at the batch it prefers, its prediction and cost (module docstring)."""
+def _tune_row(row, problem, fit, weights, lam_max) -> Candidate:
+    """One row's tuning at the batch it prefers, its prediction and cost (module docstring):
+    a free step (:attr:`~numpyro_sgmc.theory.Row.step`) at the stability bound, with the
+    smallest quiet batch; a fixed one (:func:`~numpyro_sgmc.theory.step_rule`) at the model's
+    batch, halved while the bound needs it."""
     info, options = fit.information, problem.options
     J, I, n = info.potential_curvature, info.I, problem.prepared.num_data
     plates = problem.prepared.plates
-    row = theory.ROWS[name]
     batch = {p.name: p.batch_size for p in plates}
-    free = info.data_free
-    if row.estimator == "control_variates":
-        h = options.max_step / lam_max(J.inverse())
+    gamma = theory.preconditioner(row, J, I, info.data_free)
+    top = lam_max(gamma)
 
-        def attempt(batch):
-            noise = GradientNoise(plate_noise(plates, fit.cv_noise, batch), None, 1.0)
-            return theory.tune(
-                name, J, I, batch_size=sum(batch.values()), num_data=n, weights=weights,
-                noise=noise, step_size=h, data_free=free,
-            )  # fmt: skip
+    def attempt(batch, step_size=None):
+        noise = plate_noise(plates, fit.cv_noise, batch)
+        if not row.control_variates:
+            noise = plate_noise(plates, info.plate_covariances, batch) + noise
+        return theory.tune(
+            row.name, J, I, batch_size=sum(batch.values()), num_data=n, weights=weights,
+            noise=GradientNoise(noise, None, 1.0), step_size=step_size, data_free=info.data_free,
+        )  # fmt: skip
 
-        tuning, batch = _smallest_quiet_batch(attempt, batch, options.min_batch_size, plates)
+    if row.step == "free":
+        h = options.max_step / top
+        tuning, batch = _smallest_quiet_batch(
+            lambda b: attempt(b, h), batch, options.min_batch_size, plates
+        )
     else:
-        gamma = theory.preconditioner(name, J, I, free)
-        top = lam_max(gamma)
-        w1 = 1.0 if name == "P5" else weights[0]
-        for candidate in _halvings(batch, 1):
-            if 4 * w1 * sum(candidate.values()) / n * top <= options.max_step:
+        for candidate in halvings(batch, 1):
+            h = theory.step_rule(row, sum(candidate.values()), n, weights)
+            if h * top <= options.max_step:
                 batch = candidate
                 break
         else:
             raise InfeasibleTuning(
-                f"its step h = 4b/n at the smallest batch is past the bound h·λmax(ΓJ) <= "
+                f"its step h = {h:.3g} at the smallest batch is past the bound h·λmax(ΓJ) <= "
                 f"max_step = {options.max_step:g}."
             )
-        minibatch = plate_noise(plates, info.plate_covariances, batch)
-        noise = GradientNoise(minibatch + plate_noise(plates, fit.cv_noise, batch), None, 1.0)
-        tuning = theory.tune(
-            name, J, I, batch_size=sum(batch.values()), num_data=n, weights=weights,
-            noise=noise, data_free=free,
-        )  # fmt: skip
-        _check_reaches(tuning, name)
+        if not row.stochastic and all(batch[p.name] >= p.size for p in plates):
+            raise InfeasibleTuning(
+                f"a batch of every row (b = n = {n}) gives the exact gradient, so SGD has no "
+                "noise to sample with; a row with injected noise can."
+            )
+        tuning = attempt(batch)
+        _check_reaches(tuning, row.name)
     cov, F = tuning.covariance, tuning.drift
     tau = theory.autocorrelation_times(F, cov)
     worst = theory.worst_autocorrelation_time(F, cov).time
@@ -360,10 +305,11 @@ def _tune_row(name, problem, fit, weights, lam_max) -> Candidate:
 
 def _smallest_quiet_batch(attempt, batch, smallest, plates):
     """The smallest batch (halving from the model's, down to ``smallest`` per plate) whose
-    control-variate noise is at most half the noise the target needs; the model's batch
-    doubled (up to the data) when even it is too noisy: ``(tuning, batch)``."""
+    control-variate noise is at most half the noise the target needs; else the model's batch
+    doubled until it is, up to the data, where the gradient is exact (no noise): ``(tuning,
+    batch)``."""
     best = None
-    for candidate in _halvings(batch, smallest):
+    for candidate in halvings(batch, smallest):
         try:
             tuning = attempt(candidate)
         except InfeasibleTuning:
@@ -374,14 +320,14 @@ def _smallest_quiet_batch(attempt, batch, smallest, plates):
     sizes = {p.name: p.size for p in plates}
     while best is None:
         batch = {k: min(2 * b, sizes[k]) for k, b in batch.items()}
+        if batch == sizes:  # full-data gradients: quiet whatever the target
+            return attempt(batch), batch
         try:
             tuning = attempt(batch)
         except InfeasibleTuning:
-            tuning = None
-        if tuning is not None and tuning.noise_fraction <= 0.5:
+            continue
+        if tuning.noise_fraction <= 0.5:
             best = (tuning, batch)
-        elif all(b == sizes[k] for k, b in batch.items()):
-            raise InfeasibleTuning("even full-data gradients leave too much noise.")
     return best
 
 
@@ -397,6 +343,17 @@ def _check_reaches(tuning, name, tolerance=0.05):
             "target there (parameters with no "
             "per-datum gradient get none, and the per-datum Hessians add their own)."
         )
+
+
+_REPORTED = (
+    "row",
+    "step_size",
+    "inverse_temperature",
+    "preconditioner",
+    "noise_preconditioner",
+    "control_variates",
+)
+"""The :class:`~numpyro_sgmc.theory.Tuning` fields the report carries as they are."""
 
 
 def _build(problem, fit, warm, choice):
@@ -428,30 +385,22 @@ def _build(problem, fit, warm, choice):
         batch_sampling=options.batch_sampling,
         init_strategy=init_to_value(values={k: constrained_mode[k] for k in latent}),
     )  # the chains start from draws of the predicted law (Tuned.draws)
-    model = prepared.spec.model
     if math.isinf(tuning.inverse_temperature):
-        kernel = SGD(model, tuning.step_size, **common)
+        cls, noise = SGD, {}
     else:
         cls = SGLDFP if tuning.control_variates else SGLD
-        kernel = cls(
-            model,
-            tuning.step_size,
+        noise = dict(
             inverse_temperature=tuning.inverse_temperature,
             noise_preconditioner=tuning.noise_preconditioner,
-            **common,
         )
-    kernel._tuned = Tuned(prepared.plates, prepared.layout.ravel(fit.mode), covariance)
+    kernel = cls(prepared.spec.model, tuning.step_size, **noise, **common)
+    kernel = kernel.with_tuning(Tuned(prepared.plates, prepared.layout.ravel(fit.mode), covariance))
     report = TuningReport(
-        row=tuning.row,
+        **{field: getattr(tuning, field) for field in _REPORTED},
         algorithm=type(kernel).__name__,
         target=choice.target,
         weights=choice.weights,
-        step_size=tuning.step_size,
         batch_size=batch_size,
-        inverse_temperature=tuning.inverse_temperature,
-        preconditioner=tuning.preconditioner,
-        noise_preconditioner=tuning.noise_preconditioner,
-        control_variates=tuning.control_variates,
         num_steps=num_steps,
         target_covariance=target,
         covariance=covariance,
@@ -480,7 +429,7 @@ def _build(problem, fit, warm, choice):
 
 def _delta_method(problem, mode, covariance):
     """The covariance of the constrained latent sites, ``Jac Σ Jacᵀ`` (dense ``Σ`` only)."""
-    if not isinstance(covariance, Dense):
+    if not scales.is_dense(covariance):
         return None
     prepared = problem.prepared
     arrays, structure = split_args(problem.model_args, problem.model_kwargs)

@@ -44,9 +44,15 @@ from numpyro_sgmc.data.batches import batch_sampler
 from numpyro_sgmc.data.gradients import full_data_gradient
 from numpyro_sgmc.data.model import constrained, potential, prepare_model, split_args
 from numpyro_sgmc.diagnostics import ConvergenceWarning, warn
-from numpyro_sgmc.kernels.curvature import host_rng, random_rows
 from numpyro_sgmc.tuner.fisher import information_of
 from numpyro_sgmc.tuner.laplace import DENSE_MAX_DIM
+from numpyro_sgmc.tuner.rows import (
+    PROBES,
+    WARM_START_CHECK_ROWS,
+    WARM_START_ROWS,
+    Stream,
+    sample_rows,
+)
 from numpyro_sgmc.tuner.rowsums import fisher_diagonal, global_terms
 
 __all__ = ["WarmStart", "warm_start", "warm_start_of"]
@@ -235,20 +241,21 @@ def _optimise(
     return jax.vmap(run_one)(z0, scale, keys)
 
 
-def _scales(prepared, rng_key, model_args, model_kwargs, z0, num_rows=1024):
+def _scales(prepared, rng_key, model_args, model_kwargs, z0, num_rows=WARM_START_ROWS):
     """``(K, d)`` natural scales of the parameters at the starts: ``1/sqrt(F_jj)``, ``F`` the
     empirical Fisher information's diagonal per datum there plus the prior's curvature, so
     that Adam's steps are in units of each parameter's own scale (a covariate multiplied by
     ``10⁴`` just works)."""
     spec, layout = prepared.spec, prepared.layout
     arrays, structure = split_args(model_args, model_kwargs)
-    rows = random_rows(host_rng(rng_key), spec.plates, num_rows).indices
+    rows = sample_rows(Stream.WARM_START_ROWS, rng_key, spec.plates, num_rows).indices
     # the prior's curvature as the information step will compute it (one compilation for
     # both): exact and dense up to DENSE_MAX_DIM parameters, Hutchinson probes above
     dense = layout.size <= DENSE_MAX_DIM
     probes = None
     if not dense:
-        probes = jnp.asarray(2 * host_rng(rng_key, 1).integers(0, 2, (64, layout.size)) - 1)
+        signs = Stream.WARM_START_PROBES.rng(rng_key).integers(0, 2, (PROBES, layout.size))
+        probes = jnp.asarray(2 * signs - 1)
     out = []
     for zf in np.asarray(z0):
         zf = jnp.asarray(zf)
@@ -278,7 +285,7 @@ def warm_start(
     init_strategy=init_to_uniform,
     tol: Optional[float] = None,
     check: bool = True,
-    num_check_rows: int = 2048,
+    num_check_rows: int = WARM_START_CHECK_ROWS,
     chunk_size: int = 65536,
     rescale: bool = False,
     model_kwargs: Optional[dict] = None,
@@ -347,7 +354,7 @@ def warm_start_of(
     init_params=None,
     tol=None,
     check=True,
-    num_check_rows=2048,
+    num_check_rows=WARM_START_CHECK_ROWS,
     chunk_size=65536,
     rescale=False,
 ) -> WarmStart:

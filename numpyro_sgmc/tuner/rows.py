@@ -1,0 +1,181 @@
+"""The rows the tuner reads: batch sizes, row samplers, row budgets and host random streams.
+
+Every part of the tuner that visits data rows or draws probes takes them from here:
+
+* **batch sizes** (:func:`batch_sizes`, :func:`halvings`): a plate -> ``b_p`` dict from the
+  user's ``batch_size`` option, and the halvings the rows try;
+* **row samplers** (:func:`choose_rows`, :func:`sample_rows`): a uniform subsample without
+  replacement, split over the plates in proportion to their sizes (the information rows), or
+  rows with replacement (:func:`~numpyro_sgmc.kernels.curvature.random_rows`);
+* **row budgets**: how many rows and probes each part uses by default (the constants below);
+* **random streams** (:class:`Stream`): each part draws its rows and probes on the host from its
+  own named stream of a key, so that no two parts share draws.
+
+The host generators are :func:`~numpyro_sgmc.kernels.curvature.host_rng`'s (the kernels' step
+checks use the same helper on their own keys).
+"""
+
+from __future__ import annotations
+
+from enum import Enum, unique
+
+import numpy as np
+
+from numpyro_sgmc.data.model import num_data
+from numpyro_sgmc.data.subsample import Batch
+from numpyro_sgmc.kernels.curvature import host_rng, random_rows
+
+__all__ = [
+    "CONTROL_VARIATE_ROWS",
+    "CORRELATION_ROWS",
+    "INFORMATION_ROWS",
+    "LINEARITY_ROWS",
+    "MAX_PROBES",
+    "NEWTON_ROWS",
+    "PROBES",
+    "WARM_START_CHECK_ROWS",
+    "WARM_START_ROWS",
+    "Stream",
+    "batch_sizes",
+    "choose_rows",
+    "halvings",
+    "rows_per_plate",
+    "sample_rows",
+]
+
+INFORMATION_ROWS = 10_000
+"""Rows for ``J`` and ``I`` to start with (``autotune(num_rows=...)``); the fit doubles them
+until the prediction's own error is under its tolerance."""
+
+CONTROL_VARIATE_ROWS = 2_000
+"""The fewest rows the control-variate noise is estimated from (more when ``J`` used more: a
+few thousand rows miss the rare rows of large curvature that dominate that noise)."""
+
+LINEARITY_ROWS = 4_000
+"""Rows of the check that the log posterior is close to its quadratic
+(:func:`~numpyro_sgmc.tuner.laplace.linearity`)."""
+
+CORRELATION_ROWS = 10_000
+"""The most rows :func:`~numpyro_sgmc.tuner.laplace.correlations` solves on."""
+
+NEWTON_ROWS = 20_000
+"""The most rows of the Hessian behind a diagonal ``J``'s Newton direction."""
+
+WARM_START_ROWS = 1_024
+"""Rows of the empirical Fisher diagonal that sets the warm start's parameter scales."""
+
+WARM_START_CHECK_ROWS = 2_048
+"""Rows of the ``J`` per restart with which ``warm_start(check=True)`` measures how far each
+mode is from a zero of the gradient."""
+
+PROBES = 64
+"""Probes of every stochastic estimate: Hutchinson's diagonal of ``J`` (to start with), the
+correlations a diagonal ``J`` leaves out, the control-variate noise above this many
+parameters, the warm start's prior curvature."""
+
+MAX_PROBES = 1_024
+"""The most Hutchinson probes the fit takes for a diagonal ``J`` (fourfold steps from
+:data:`PROBES` while their own error is over 10%)."""
+
+
+@unique
+class Stream(Enum):
+    """A named host random stream: ``(key, tags)``, the key it is drawn from and the integers
+    appended to that key's seed (:meth:`rng`). ``@unique``: no two parts share a stream.
+
+    On the information key (``autotune``'s third split; the check's fresh key):
+
+    * ``INFORMATION_ROWS``: the uniform subsample of ``J`` and ``I``
+      (:func:`choose_rows`); the control-variate noise and the correlations of a diagonal
+      ``J`` re-draw it on purpose, to use the same rows;
+    * ``HUTCHINSON_PROBES``: the Rademacher probes of a diagonal ``J``;
+    * ``CONTROL_VARIATE_PROBES``: the ``N(0, Σ)`` probes of the control-variate noise;
+    * ``CORRELATION_PROBES``: the probes (then the rows, above :data:`CORRELATION_ROWS`) of
+      the correlations a diagonal ``J`` leaves out;
+    * ``NEWTON_ROWS``: the rows of a diagonal ``J``'s Newton direction;
+    * ``LINEARITY_ROWS``: the rows of the linearity check;
+    * ``POWER_ITERATION``: the rows and start vector of the tuner's ``λmax(ΓJ)``.
+
+    On the warm-start key: ``WARM_START_ROWS`` (the Fisher diagonal's rows) and
+    ``WARM_START_PROBES`` (the prior curvature's probes above
+    :data:`~numpyro_sgmc.tuner.laplace.DENSE_MAX_DIM` parameters).
+    """
+
+    INFORMATION_ROWS = ("information", ())
+    HUTCHINSON_PROBES = ("information", (1,))
+    CONTROL_VARIATE_PROBES = ("information", (13,))
+    CORRELATION_PROBES = ("information", (11,))
+    NEWTON_ROWS = ("information", (12,))
+    LINEARITY_ROWS = ("information", (7,))
+    POWER_ITERATION = ("information", (14,))
+    WARM_START_ROWS = ("warm start", ())
+    WARM_START_PROBES = ("warm start", (1,))
+
+    def rng(self, rng_key) -> np.random.Generator:
+        """This stream's NumPy generator for ``rng_key`` (reproducible for a key)."""
+        return host_rng(rng_key, *self.value[1])
+
+
+def sample_rows(stream: Stream, rng_key, plates, num_rows: int) -> Batch:
+    """About ``num_rows`` uniform rows with replacement from ``stream`` of ``rng_key``
+    (:func:`~numpyro_sgmc.kernels.curvature.random_rows`)."""
+    return random_rows(stream.rng(rng_key), plates, num_rows)
+
+
+def rows_per_plate(plates, num_rows: int) -> dict:
+    """``m_p`` proportional to ``n_p`` (largest remainders), at least 2 and at most ``n_p``."""
+    n = num_data(plates)
+    quota = np.array([num_rows * p.size / n for p in plates])
+    m = np.floor(quota).astype(int)
+    for i in np.argsort(-(quota - m))[: num_rows - int(m.sum())]:
+        m[i] += 1
+    return {p.name: int(min(max(mk, 2), p.size)) for p, mk in zip(plates, m, strict=True)}
+
+
+def choose_rows(plates, num_rows, rng_key) -> dict:
+    """Plate name -> sorted row indices of a uniform subsample of about ``num_rows`` rows
+    without replacement (``None``: every row), from :attr:`Stream.INFORMATION_ROWS`."""
+    n = num_data(plates)
+    if num_rows is None or num_rows >= n:
+        return {p.name: None for p in plates}
+    if not isinstance(num_rows, (int, np.integer)) or num_rows < 1:
+        raise ValueError(f"num_rows must be None or a positive int, got {num_rows!r}")
+    gen = Stream.INFORMATION_ROWS.rng(rng_key)
+    counts = rows_per_plate(plates, int(num_rows))
+    rows = {}
+    for p in plates:
+        m_p = counts[p.name]
+        # Generator.choice without replacement uses a hash set (O(m)) for m << n
+        rows[p.name] = None if m_p == p.size else np.sort(gen.choice(p.size, m_p, replace=False))
+    return rows
+
+
+def batch_sizes(plates, batch_size) -> dict:
+    """Plate name -> ``b_p``: ``None`` for the plates' own batch sizes, an int for every
+    plate, or ``{plate: b_p}`` (plates it leaves out keep their own)."""
+    out = {}
+    for p in plates:
+        if batch_size is None:
+            b = p.batch_size
+        elif isinstance(batch_size, dict):
+            unknown = set(batch_size) - {q.name for q in plates}
+            if unknown:
+                raise ValueError(
+                    f"batch_size names plate(s) {sorted(unknown)}; the subsample plates "
+                    f"are {sorted(q.name for q in plates)}."
+                )
+            b = batch_size.get(p.name, p.batch_size)
+        else:
+            b = batch_size
+        if not isinstance(b, (int, np.integer)) or isinstance(b, bool) or b < 1:
+            raise ValueError(f"batch size for plate '{p.name}' must be a positive int, got {b!r}")
+        out[p.name] = int(b)
+    return out
+
+
+def halvings(batch: dict, smallest: int):
+    """``batch`` (plate -> b), then halved together while every plate stays ``>= smallest``."""
+    yield batch
+    while all(b // 2 >= smallest for b in batch.values()):
+        batch = {k: b // 2 for k, b in batch.items()}
+        yield batch
