@@ -619,3 +619,19 @@ def principal_axes(S, count: int) -> list:
         return [np.eye(values.size)[k] for k in np.argsort(-values)[:count]]
     values, vectors = np.linalg.eigh(np.asarray(S.matrix))
     return [vectors[:, k] for k in np.argsort(-values)[:count]]
+
+
+def size_of(x) -> Optional[int]:
+    """``d`` of a sized scale or of a ``(…, d)`` array; ``None`` for ``None``, the identity
+    and a scalar (they fit any size)."""
+    if is_sized(x):
+        return len(x)
+    if x is None or isinstance(x, Identity) or np.ndim(x) == 0:
+        return None
+    return int(np.shape(x)[-1])
+
+
+def max_abs(S) -> float:
+    """The largest ``|S_ij|`` of a diagonal or dense scale, without forming a diagonal's
+    ``d × d`` matrix."""
+    return float(np.max(np.abs(np.asarray(S.values if isinstance(S, Diagonal) else S.matrix))))

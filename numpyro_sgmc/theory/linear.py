@@ -203,7 +203,7 @@ def stationary(chain: LinearChain, method: str = "discrete", tol=1e-12, max_iter
         return sigma
     for _ in range(max_iter):
         new = solve(M, chain.noise_covariance(sigma))
-        if _max_abs(new - sigma) <= tol * _max_abs(new):
+        if scales.max_abs(new - sigma) <= tol * scales.max_abs(new):
             return new
         sigma = new
     raise RuntimeError(
@@ -335,7 +335,7 @@ def mixing_time(
     if not h > 0:
         raise ValueError(f"step_size must be positive, got {step_size!r}.")
     GJ = as_scale(preconditioner, d) @ as_scale(J, d)
-    if isinstance(GJ, Diagonal):
+    if not scales.is_dense(GJ):
         real = np.asarray(GJ.values, np.float64)
         vectors = np.eye(d)
     else:
@@ -368,7 +368,7 @@ def long_run_covariance(F, sigma):
     d = len(F)
     G = F @ (_eye(d) - F).inverse() @ sigma
     total = sigma + G + G.T
-    return total if isinstance(total, Diagonal) else Dense(0.5 * (total.matrix + total.matrix.T))
+    return scales.symmetrized(total)
 
 
 def autocorrelation_times(F, sigma, directions=None):
@@ -441,7 +441,7 @@ def iterate_average_covariance(F, sigma, num_iterations: int):
     R = (eye - F).inverse()
     G = F @ R - (F @ (eye - scales.matrix_power(F, T)) @ R @ R) * (1.0 / T)
     cov = (sigma + G @ sigma + sigma @ G.T) * (1.0 / T)
-    return cov if isinstance(cov, Diagonal) else Dense(0.5 * (cov.matrix + cov.matrix.T))
+    return scales.symmetrized(cov)
 
 
 def iterate_average_covariance_limit(
@@ -467,7 +467,7 @@ def iterate_average_covariance_limit(
     decay = _eye(d) - scales.expm(GJ * (-(c_h * m / (2 * c_b))))
     term = GJ_inv @ GJ_inv @ decay @ as_scale(Q, d)
     out = as_scale(S, d) - (term + term.T) * (4 * c_b**2 / (c_h**2 * m))
-    return out if isinstance(out, Diagonal) else Dense(0.5 * (out.matrix + out.matrix.T))
+    return scales.symmetrized(out)
 
 
 # ---- helpers --------------------------------------------------------------------------------
@@ -475,23 +475,14 @@ def iterate_average_covariance_limit(
 
 def _size(*xs) -> int:
     for x in xs:
-        if x is None or isinstance(x, scales.Identity):
-            continue
-        if isinstance(x, (Diagonal, Dense)):
-            return len(x)
-        shape = np.shape(x)
-        if len(shape) >= 1:
-            return int(shape[-1])
+        d = scales.size_of(x)
+        if d is not None:
+            return d
     raise ValueError("Cannot tell the dimension d: give J as a (d,) or (d, d) array or a scale.")
 
 
 def _eye(d: int) -> Diagonal:
     return Diagonal(np.ones(int(d)))
-
-
-def _max_abs(S) -> float:
-    arr = S.values if isinstance(S, Diagonal) else S.matrix
-    return float(np.max(np.abs(np.asarray(arr))))
 
 
 def _unit(v) -> np.ndarray:

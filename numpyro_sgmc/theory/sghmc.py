@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.linalg
 
-from numpyro_sgmc.scales import Dense, Diagonal, Identity, as_scale
+from numpyro_sgmc.scales import Dense, Diagonal, as_scale, is_sized
 from numpyro_sgmc.theory.linear import _unit, autocorrelation_times, long_run_covariance
 
 __all__ = ["SGHMCPrediction", "default_friction", "sghmc_prediction", "sghmc_recursion"]
@@ -35,7 +35,7 @@ def default_friction(momentum_decay: float, step_size, num_data: int, mass, d: i
     momentum decays by the same factor ``1 - α`` per step (Springenberg et al. 2016's
     choice). NumPy when ``step_size`` is a Python number (the predictions), JAX otherwise."""
     factor = momentum_decay / (step_size / num_data) ** 0.5
-    if isinstance(mass, Identity):
+    if not is_sized(mass):  # the identity
         ones = np.ones(d) if isinstance(factor, float) else jnp.ones(d)
         return Diagonal(ones * factor)
     return mass * factor
