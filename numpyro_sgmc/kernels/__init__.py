@@ -3,7 +3,10 @@
 Owns the functional core (:mod:`~numpyro_sgmc.kernels.core`: ``build_kernel`` composes a
 gradient estimator, an integrator from :mod:`~numpyro_sgmc.kernels.diffusions` and an optional
 adaptation from :mod:`~numpyro_sgmc.kernels.adaptation` into pure ``(init, step)`` functions),
-the thin ``numpyro.infer.MCMC`` shell (:mod:`~numpyro_sgmc.kernels.shell`), the named kernels
+the kernel families as data (:mod:`~numpyro_sgmc.kernels.family`: a ``Family`` record of pure
+functions per kind of kernel), the thin ``numpyro.infer.MCMC`` shell
+(:mod:`~numpyro_sgmc.kernels.shell`, its ``init`` in :mod:`~numpyro_sgmc.kernels.setup`, its draw
+in :mod:`~numpyro_sgmc.kernels.draws`), the named kernels
 (:mod:`~numpyro_sgmc.kernels.sgld`, :mod:`~numpyro_sgmc.kernels.sghmc`), their step checks and
 ``step_size="auto"`` (:mod:`~numpyro_sgmc.kernels.checks`,
 :mod:`~numpyro_sgmc.kernels.auto_step`, the power iteration of
@@ -12,6 +15,7 @@ the thin ``numpyro.infer.MCMC`` shell (:mod:`~numpyro_sgmc.kernels.shell`), the 
 """
 
 from numpyro_sgmc.kernels.core import Kernel, SGMCState, build_kernel
+from numpyro_sgmc.kernels.family import Family, Recipe
 from numpyro_sgmc.kernels.sghmc import SGHMC, AdaSGHMC
 from numpyro_sgmc.kernels.sgld import SGD, SGLD, SGLDFP
 from numpyro_sgmc.kernels.shell import ChainInit, SGMCKernel
@@ -19,7 +23,9 @@ from numpyro_sgmc.kernels.shell import ChainInit, SGMCKernel
 __all__ = [
     "AdaSGHMC",
     "ChainInit",
+    "Family",
     "Kernel",
+    "Recipe",
     "SGD",
     "SGHMC",
     "SGLD",

@@ -158,13 +158,26 @@ def largest_positive_eigenvalue(
 
 
 def choose_step_sizes(
-    spec: Auto, kernel, prepared, z, chain_init, rng_key, model_args, model_kwargs, batched: bool
+    spec: Auto,
+    kernel_name: str,
+    bound: float,
+    step_scale,
+    prepared,
+    z,
+    chain_init,
+    rng_key,
+    model_args,
+    model_kwargs,
+    batched: bool,
 ) -> AutoStep:
     """Every chain's ``h = f·B/λ̂`` at its start (module docstring).
 
     :param spec: the :class:`Auto` settings.
-    :param kernel: the :class:`~numpyro_sgmc.kernels.shell.SGMCKernel`, which gives the bound
-        (``kernel._stability_bound()``) and each chain's ``P`` (``kernel._step_scale``).
+    :param kernel_name: for the messages.
+    :param bound: ``B``, the family's stability bound of ``h·λmax(PJ)``.
+    :param step_scale: ``step_scale(position, chain_init, where) -> (P, inverse)``, a chain's
+        scale (its inverse is ``P`` with ``inverse=True``), from the kernel's
+        :class:`~numpyro_sgmc.kernels.family.Family`.
     :param prepared: the prepared model.
     :param z: the chains' starts, unconstrained, with a leading chain axis when ``batched``.
     :param chain_init: the :class:`~numpyro_sgmc.ChainInit` (per-chain preconditioners).
@@ -174,11 +187,10 @@ def choose_step_sizes(
     """
     if not not_jax_tracer(jax.tree.leaves(z)[0]):
         raise ValueError(
-            f"{type(kernel).__name__}(step_size='auto') chooses the step from concrete values "
+            f"{kernel_name}(step_size='auto') chooses the step from concrete values "
             "at init; with chain_method='parallel' init is traced. Use chain_method="
             "'vectorized' or 'sequential', or give a number."
         )
-    bound = kernel._stability_bound()
     num_chains = jax.tree.leaves(z)[0].shape[0] if batched else 1
     keys = random.split(rng_key, num_chains)
     lams = []
@@ -187,7 +199,7 @@ def choose_step_sizes(
         if batched:
             own = jax.tree.map(lambda v, c=c: v[c], own)
         where = f" of chain {c}" if batched else ""
-        scale, inverse = kernel._step_scale(prepared, own.params, own, where)
+        scale, inverse = step_scale(own.params, own, where)
         lam = 1.1 * largest_positive_eigenvalue(
             prepared, own.params, scale, inverse, keys[c], model_args, model_kwargs, spec
         )

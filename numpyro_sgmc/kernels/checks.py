@@ -215,9 +215,10 @@ class StepCheck(NamedTuple):
     :param float stability: ``h·λmax(PJ)``.
     :param float bound: where the linearised chain turns unstable (4 for the first-order
         kernels, ``2(2 - α)`` for SGHMC with its default friction).
-    :param float inflation: how much wider than its target law the chain's stationary law is
-        predicted to be, relative, in the stiffest direction (discretisation and gradient
-        noise, ``docs/theory.md`` §3, §5); ``nan`` where there is no target (SGD).
+    :param float inflation: ``σ/σ* - 1``: how much larger the chain's stationary sd is
+        predicted to be than its target's along the stiffest direction (discretisation and
+        gradient noise, ``docs/theory.md`` §3, §5; the variance ratio is ``(σ/σ*)²``); ``nan``
+        where there is no target (SGD).
     :param float suggested: a step with ``inflation ≤ 10%`` (``stability ≤ 1`` for SGD).
     """
 
@@ -255,8 +256,9 @@ def warn_step_size(check: Optional["StepCheck"], kernel_name: str, inflation: bo
         )
     elif inflation and check.inflation > 0.1:
         warn(
-            where + f": its stationary law is predicted {100 * check.inflation:.0f}% wider than "
-            "the target's in the stiffest direction (discretisation and gradient noise, "
-            "docs/theory.md §3)." + fix,
+            where + f": along the stiffest direction the chain's stationary sd is predicted "
+            f"{100 * check.inflation:.0f}% larger than the target's (a variance "
+            f"{(1 + check.inflation) ** 2:.3g} times the target's; discretisation and gradient "
+            "noise of the linearised chain, docs/theory.md §3)." + fix,
             StepSizeWarning,
         )

@@ -45,7 +45,7 @@ from typing import Any, Callable, NamedTuple
 import jax.numpy as jnp
 from jax import random
 
-from numpyro_sgmc.scales import Dense, Diagonal
+from numpyro_sgmc.scales import factored
 
 __all__ = [
     "Integrator",
@@ -118,11 +118,7 @@ def sghmc_params(step_size, num_data, temperature, mass, friction, gradient_nois
     (``gradient_noise`` ``None`` for 0): the diffusion ``2ηT(C - B̂)`` is formed once."""
     eta = jnp.sqrt(step_size / num_data)
     excess = friction if gradient_noise is None else friction - gradient_noise
-    diffusion = (2.0 * temperature) * eta * excess
-    if isinstance(diffusion, Diagonal):
-        diffusion = Diagonal(jnp.maximum(diffusion.values, 0.0))
-    else:  # factor once here, not at every step
-        diffusion = Dense(diffusion.matrix, jnp.linalg.cholesky(diffusion.matrix))
+    diffusion = factored((2.0 * temperature) * eta * excess)  # factored once, not every step
     return SGHMCParams(step_size, mass, friction, gradient_noise, diffusion)
 
 

@@ -9,38 +9,42 @@
 (Chen, Fox & Guestrin 2014), the :func:`~numpyro_sgmc.kernels.diffusions.sghmc` integrator with the
 same estimators as the first-order kernels. ``step_size`` is ``h`` on the average-gradient
 scale, as for every kernel (:mod:`numpyro_sgmc.kernels.diffusions`): Chen et al.'s ``ε`` is
-``η = sqrt(h/n)`` and the learning rate of their momentum form is ``h/n``.
+``η = sqrt(h/n)`` and the learning rate of their momentum form is ``h/n``. Both share one
+family record, :data:`SGHMC_FAMILY` (:class:`~numpyro_sgmc.kernels.family.Family`), over
+:class:`SGHMCDynamics`.
 """
 
 from __future__ import annotations
 
 import math
 from functools import partial
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax.numpy as jnp
 import numpy as np
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.util import not_jax_tracer
 
+from numpyro_sgmc.kernels import family
 from numpyro_sgmc.kernels.adaptation import mass_adaptation
 from numpyro_sgmc.kernels.auto_step import Auto, auto_spec
 from numpyro_sgmc.kernels.checks import StepCheck
 from numpyro_sgmc.kernels.core import build_kernel
 from numpyro_sgmc.kernels.curvature import curvature
 from numpyro_sgmc.kernels.diffusions import sghmc, sghmc_params
-from numpyro_sgmc.kernels.sgld import needs_support_check
-from numpyro_sgmc.kernels.shell import (
-    KernelOptions,
-    SGMCKernel,
-    check_step_size,
-    estimator_for,
-    valid_constrained,
-)
-from numpyro_sgmc.scales import Dense, Diagonal, check_type, prepare
+from numpyro_sgmc.kernels.shell import SGMCKernel
+from numpyro_sgmc.scales import Diagonal, check_type, is_dense, is_sized, prepare
 from numpyro_sgmc.theory.sghmc import default_friction, sghmc_prediction
 
-__all__ = ["SGHMC", "AdaSGHMC", "SGHMCConfig", "build_sghmc", "sghmc_step_check"]
+__all__ = [
+    "SGHMC",
+    "SGHMC_FAMILY",
+    "AdaSGHMC",
+    "SGHMCConfig",
+    "SGHMCDynamics",
+    "build_sghmc",
+    "sghmc_step_check",
+]
 
 
 class SGHMCConfig(NamedTuple):
@@ -60,6 +64,23 @@ class SGHMCConfig(NamedTuple):
     num_warmup_steps: int
     check_support: bool
     exclude: frozenset
+
+
+class SGHMCDynamics(NamedTuple):
+    """An SGHMC kernel's own arguments, checked: ``h`` (or
+    :class:`~numpyro_sgmc.kernels.auto_step.Auto`), ``M`` as given, ``C`` and ``B̂`` as
+    scale specs (a number, a :class:`~numpyro_sgmc.Diagonal` or ``None``), ``α``, ``β``
+    (``None`` for ``n``), control variates, and AdaSGHMC's ``adaptation_window`` (``None``:
+    a static mass)."""
+
+    step_size: Any
+    mass: Any
+    friction: Any
+    momentum_decay: float
+    gradient_noise: Any
+    inverse_temperature: Optional[float]
+    control_variates: bool
+    adaptation_window: Optional[float]
 
 
 def _with_mass(config: SGHMCConfig, params, mass):
@@ -83,13 +104,7 @@ def _with_mass(config: SGHMCConfig, params, mass):
 
 def build_sghmc(config: SGHMCConfig):
     """The functional kernel (:func:`~numpyro_sgmc.kernels.core.build_kernel`) of ``config``."""
-    estimator = estimator_for(
-        config.spec,
-        config.shards,
-        config.batch_sampling,
-        config.control_variates,
-        config.chunk_size,
-    )
+    estimator, valid = family.estimator_and_check(config)
     adaptation = None
     if config.adaptation_window is not None:
         adaptation = mass_adaptation(
@@ -98,7 +113,6 @@ def build_sghmc(config: SGHMCConfig):
             config.num_data,
             partial(_with_mass, config),
         )
-    valid = valid_constrained(config.spec, config.exclude) if config.check_support else None
     integrator = sghmc(config.num_data, config.temperature)
     return build_kernel(estimator, integrator, config.layout, adaptation, valid)
 
@@ -107,22 +121,26 @@ def sghmc_step_check(step_size, curvature, num_data, batch_size, temperature, al
     """The :class:`~numpyro_sgmc.kernels.checks.StepCheck` of SGHMC with its default friction:
     the 1-d linearised chain (``docs/theory.md`` §5) along the stiffest direction of ``M⁻¹J``
     (``λ = λmax``, ``I ≈ rλ``) against its target ``T/(nλ)``; stable while
-    ``hλ < 2(2 - α)``."""
+    ``hλ < 2(2 - α)``. ``inflation`` is the predicted ratio of the position's sd to the
+    target's, less 1, from the point estimate ``λmax/1.1`` (``curvature.lam_max`` is raised
+    by 10% as a margin for the stability bound, which ``stability`` keeps)."""
     h, lam, n = float(step_size), float(curvature.lam_max), int(num_data)
     bound = 2.0 * (2.0 - alpha)
     r = curvature.noise_ratio if math.isfinite(curvature.noise_ratio) else 0.0
     minibatch = batch_size < n and not control and r > 0
     beta = math.inf if temperature == 0 else n / temperature
+    estimate = lam / 1.1
 
     def inflation(h):
         if h * lam >= bound:
             return math.inf
         law = sghmc_prediction(
-            np.array([lam]), num_data=n, step_size=h, momentum_decay=alpha,
-            inverse_temperature=beta, I=np.array([r * lam]) if minibatch else None,
+            np.array([estimate]), num_data=n, step_size=h, momentum_decay=alpha,
+            inverse_temperature=beta, I=np.array([r * estimate]) if minibatch else None,
             batch_size=batch_size if minibatch else None,
         )  # fmt: skip
-        return float(law.position_covariance[0, 0]) * n * lam / max(temperature, 1e-300) - 1
+        variance = float(law.position_covariance[0, 0]) * n * estimate / max(temperature, 1e-300)
+        return math.sqrt(variance) - 1
 
     if temperature == 0:
         return StepCheck(h, lam, r, h * lam, bound, math.nan, 1.0 / lam)
@@ -139,7 +157,7 @@ def sghmc_step_check(step_size, curvature, num_data, batch_size, temperature, al
 
 def _diagonal_spec(spec, role: str, allow_zero: bool):
     """``None``, a number, a dict ``{site: value}`` or a scale -> a scale spec or ``None``."""
-    if spec is None or isinstance(spec, (Diagonal, Dense)):
+    if spec is None or is_sized(spec):
         return spec
     if isinstance(spec, dict):
         return Diagonal(dict(spec))
@@ -164,6 +182,131 @@ def _resolve(spec, position, role, allow_zero=False):
     if isinstance(spec, float):
         spec = Diagonal({k: spec for k in position})
     return prepare(spec, position, role, allow_zero)
+
+
+def sghmc_dynamics(step_size, mass, friction, alpha, noise, beta, control, window):
+    """:class:`SGHMCDynamics` from a constructor's arguments, each checked."""
+    step_size = auto_spec(step_size) or family.check_step_size(step_size)
+    friction = _diagonal_spec(friction, "friction", allow_zero=False)
+    if isinstance(step_size, Auto) and friction is not None:
+        raise ValueError(
+            "step_size='auto' sets h from the stability bound h·λmax(M⁻¹J) < 2(2 - α) of "
+            "the default friction C = (α/η) M; a given friction has no single bound. Drop "
+            "friction= or give a number."
+        )
+    try:
+        alpha = float(alpha)
+    except (TypeError, ValueError):
+        raise TypeError(f"momentum_decay must be a number, got {alpha!r}.") from None
+    if not 0 < alpha <= 1:
+        raise ValueError(
+            "momentum_decay must be in (0, 1] (the fraction of momentum lost per step), "
+            f"got {alpha}."
+        )
+    return SGHMCDynamics(
+        step_size,
+        check_type(mass, "mass"),
+        friction,
+        alpha,
+        _diagonal_spec(noise, "gradient_noise", allow_zero=True),
+        family.check_positive("inverse_temperature", beta),
+        bool(control),
+        window,
+    )
+
+
+def _temperature(dynamics: SGHMCDynamics, num_data: int) -> float:
+    """``T = n/β`` (1 for the posterior, 0 for ``β = ∞``)."""
+    beta = dynamics.inverse_temperature
+    return 1.0 if beta is None else (0.0 if math.isinf(beta) else num_data / beta)
+
+
+def _make_config(dynamics: SGHMCDynamics, options, prepared, shards, num_warmup_steps):
+    return SGHMCConfig(
+        **family.common_config(dynamics, options, prepared, shards),
+        num_data=prepared.num_data,
+        temperature=_temperature(dynamics, prepared.num_data),
+        momentum_decay=dynamics.momentum_decay if dynamics.friction is None else None,
+        adaptation_window=dynamics.adaptation_window,
+        num_warmup_steps=num_warmup_steps,
+    )
+
+
+def _check_step(dynamics, prepared, position, params, rng_key, model_args, model_kwargs):
+    if dynamics.friction is not None:  # a given friction has no single stability bound
+        return None
+    found = curvature(
+        prepared.spec, prepared.layout, position, params.mass, rng_key, model_args,
+        model_kwargs, inverse=True,
+    )  # fmt: skip
+    n = prepared.num_data
+    return sghmc_step_check(
+        dynamics.step_size, found, n, prepared.spec.batch_size, _temperature(dynamics, n),
+        dynamics.momentum_decay, dynamics.control_variates,
+    )  # fmt: skip
+
+
+def _stability_bound(dynamics: SGHMCDynamics) -> float:
+    """``2(2 - α)``: the default friction's bound of ``h·λmax(M⁻¹J)`` (``docs/theory.md``
+    §5)."""
+    return 2.0 * (2.0 - dynamics.momentum_decay)
+
+
+def _adapts_mass(dynamics: SGHMCDynamics) -> bool:
+    """Whether warm-up adapts the mass (AdaSGHMC)."""
+    return dynamics.adaptation_window is not None
+
+
+def _chain_mass(dynamics: SGHMCDynamics, position, chain_init, where):
+    own = chain_init.preconditioner is not None
+    role = ("ChainInit.preconditioner" if own else "mass") + where
+    mass = prepare(chain_init.preconditioner if own else dynamics.mass, position, role)
+    if dynamics.adaptation_window is not None and is_dense(mass):
+        raise ValueError(
+            "AdaSGHMC adapts a diagonal mass matrix; give an Identity or Diagonal initial mass."
+        )
+    return mass
+
+
+def _step_scale(dynamics, position, chain_init, where):
+    """This chain's mass, and ``inverse=True``: the bound is on ``λmax(M⁻¹J)``."""
+    return _chain_mass(dynamics, position, chain_init, where), True
+
+
+def _chain_params(dynamics: SGHMCDynamics, prepared, position, chain_init, where, step_size):
+    mass = _chain_mass(dynamics, position, chain_init, where)
+    n, d = prepared.num_data, prepared.layout.size
+    dtype = jnp.result_type(*[jnp.asarray(v) for v in position.values()])
+    h = jnp.asarray(step_size, dtype)
+    noise = _resolve(dynamics.gradient_noise, position, "gradient_noise" + where, True)
+    default = dynamics.friction is None
+    if default:
+        if noise is not None and is_dense(mass):
+            raise ValueError(
+                "gradient_noise with the default friction C = (α/η) M needs a diagonal mass "
+                "matrix; pass a diagonal friction= as well, or drop gradient_noise."
+            )
+        friction = default_friction(dynamics.momentum_decay, h, n, mass, d)
+    else:
+        friction = _resolve(dynamics.friction, position, "friction" + where)
+    if noise is not None:
+        excess = np.asarray((friction - noise).diagonal(d))
+        if not_jax_tracer(excess) and np.any(excess < 0):
+            raise ValueError(
+                "The injected noise variance 2ηT(C - B̂) is negative somewhere: gradient_noise "
+                "B̂ exceeds the friction C"
+                + (" = (α/η) M" if default else "")
+                + ". Lower gradient_noise or raise "
+                + ("momentum_decay." if default else "friction.")
+            )
+    return sghmc_params(h, n, _temperature(dynamics, n), mass, friction, noise, d)
+
+
+SGHMC_FAMILY = family.Family(
+    "sghmc", _make_config, build_sghmc, _chain_params, _stability_bound, _step_scale,
+    _check_step, _adapts_mass,
+)  # fmt: skip
+"""The second-order family (SGHMC, AdaSGHMC) over :class:`SGHMCDynamics`."""
 
 
 class SGHMC(SGMCKernel):
@@ -243,8 +386,7 @@ class SGHMC(SGMCKernel):
     :param int progress_draws: as for :class:`~numpyro_sgmc.SGLD`.
     """
 
-    _build = staticmethod(build_sghmc)
-    _adaptation_window = None
+    _adaptation_window = None  # AdaSGHMC's, set before SGHMC.__init__
 
     def __init__(
         self,
@@ -264,129 +406,19 @@ class SGHMC(SGMCKernel):
         chunk_size=65536,
         progress_draws=None,
     ):
+        dynamics = sghmc_dynamics(
+            step_size, mass, friction, momentum_decay, gradient_noise, inverse_temperature,
+            control_variates, self._adaptation_window,
+        )  # fmt: skip
         options = (batch_size, batch_sampling, num_steps, init_strategy, chunk_size, progress_draws)
-        super().__init__(model, KernelOptions(*options))
-        dynamics = (mass, friction, momentum_decay, gradient_noise, inverse_temperature)
-        self._configure(step_size, *dynamics, control_variates)
-
-    def _configure(
-        self, step_size, mass, friction, momentum_decay, gradient_noise, beta, control_variates
-    ):
-        self._step_size = auto_spec(step_size) or check_step_size(step_size)
-        self._mass = check_type(mass, "mass")
-        self._friction = _diagonal_spec(friction, "friction", allow_zero=False)
-        if isinstance(self._step_size, Auto) and self._friction is not None:
-            raise ValueError(
-                "step_size='auto' sets h from the stability bound h·λmax(M⁻¹J) < 2(2 - α) of "
-                "the default friction C = (α/η) M; a given friction has no single bound. Drop "
-                "friction= or give a number."
-            )
-        try:
-            alpha = float(momentum_decay)
-        except (TypeError, ValueError):
-            raise TypeError(f"momentum_decay must be a number, got {momentum_decay!r}.") from None
-        if not 0 < alpha <= 1:
-            raise ValueError(
-                "momentum_decay must be in (0, 1] (the fraction of momentum lost per step), "
-                f"got {alpha}."
-            )
-        self._momentum_decay = alpha
-        self._gradient_noise = _diagonal_spec(gradient_noise, "gradient_noise", allow_zero=True)
-        if beta is not None and not float(beta) > 0:
-            raise ValueError(f"inverse_temperature must be positive, got {beta!r}.")
-        self._inverse_temperature = None if beta is None else float(beta)
-        self._control_variates = bool(control_variates)
-
-    @property
-    def step_size(self):
-        """``h``, on the average-gradient scale, or the
-        :class:`~numpyro_sgmc.kernels.auto_step.Auto` settings of ``step_size="auto"`` (each
-        chain's ``h`` is in ``auto_step`` after ``init``)."""
-        return self._step_size
+        recipe = family.Recipe.of(type(self).__name__, SGHMC_FAMILY, dynamics, options)
+        super().__init__(model, recipe)
 
     @property
     def temperature(self) -> Optional[float]:
         """``T = n/β`` (1 for the posterior). Known after ``init``."""
-        return None if self._prepared is None else self._temperature(self.num_data)
-
-    def _temperature(self, num_data: int) -> float:
-        beta = self._inverse_temperature
-        return 1.0 if beta is None else (0.0 if math.isinf(beta) else num_data / beta)
-
-    def _make_config(self, prepared, shards, num_warmup_steps):
-        return SGHMCConfig(
-            spec=prepared.spec,
-            layout=prepared.layout,
-            shards=shards,
-            batch_sampling=self._batch_sampling,
-            control_variates=self._control_variates,
-            chunk_size=self._chunk_size,
-            num_data=prepared.num_data,
-            temperature=self._temperature(prepared.num_data),
-            momentum_decay=self._momentum_decay if self._friction is None else None,
-            adaptation_window=self._adaptation_window,
-            num_warmup_steps=num_warmup_steps,
-            check_support=needs_support_check(prepared),
-            exclude=prepared.per_datum_sites,
-        )
-
-    def _check_step(self, prepared, position, params, rng_key, model_args, model_kwargs):
-        if self._friction is not None:  # a given friction has no single stability bound
-            return None
-        found = curvature(
-            prepared.spec, prepared.layout, position, params.mass, rng_key, model_args,
-            model_kwargs, inverse=True,
-        )  # fmt: skip
-        return sghmc_step_check(
-            self._step_size, found, prepared.num_data, prepared.spec.batch_size,
-            self._temperature(prepared.num_data), self._momentum_decay, self._control_variates,
-        )  # fmt: skip
-
-    def _stability_bound(self) -> float:
-        """``2(2 - α)``: the default friction's bound of ``h·λmax(M⁻¹J)`` (``docs/theory.md``
-        §5)."""
-        return 2.0 * (2.0 - self._momentum_decay)
-
-    def _step_scale(self, prepared, position, chain_init, where):
-        """This chain's mass, and ``inverse=True``: the bound is on ``λmax(M⁻¹J)``."""
-        return self._chain_mass(position, chain_init, where), True
-
-    def _chain_mass(self, position, chain_init, where):
-        own = chain_init.preconditioner is not None
-        role = ("ChainInit.preconditioner" if own else "mass") + where
-        mass = prepare(chain_init.preconditioner if own else self._mass, position, role)
-        if self._adaptation_window is not None and isinstance(mass, Dense):
-            raise ValueError(
-                "AdaSGHMC adapts a diagonal mass matrix; give an Identity or Diagonal initial mass."
-            )
-        return mass
-
-    def _chain_params(self, prepared, position, chain_init, where, step_size):
-        mass = self._chain_mass(position, chain_init, where)
-        n, d = prepared.num_data, prepared.layout.size
-        dtype = jnp.result_type(*[jnp.asarray(v) for v in position.values()])
-        h = jnp.asarray(step_size, dtype)
-        noise = _resolve(self._gradient_noise, position, "gradient_noise" + where, True)
-        if self._friction is None:
-            if noise is not None and isinstance(mass, Dense):
-                raise ValueError(
-                    "gradient_noise with the default friction C = (α/η) M needs a diagonal mass "
-                    "matrix; pass a diagonal friction= as well, or drop gradient_noise."
-                )
-            friction = default_friction(self._momentum_decay, h, n, mass, d)
-        else:
-            friction = _resolve(self._friction, position, "friction" + where)
-        if noise is not None:
-            excess = np.asarray((friction - noise).diagonal(d))
-            if not_jax_tracer(excess) and np.any(excess < 0):
-                raise ValueError(
-                    "The injected noise variance 2ηT(C - B̂) is negative somewhere: gradient_noise "
-                    "B̂ exceeds the friction C"
-                    + (" = (α/η) M" if self._friction is None else "")
-                    + ". Lower gradient_noise or raise "
-                    + ("momentum_decay." if self._friction is None else "friction.")
-                )
-        return sghmc_params(h, n, self._temperature(n), mass, friction, noise, d)
+        n = self.num_data
+        return None if n is None else _temperature(self.recipe.dynamics, n)
 
 
 class AdaSGHMC(SGHMC):
@@ -440,8 +472,11 @@ class AdaSGHMC(SGHMC):
             isinstance(adaptation_window, (int, float)) and adaptation_window >= 1
         ):
             raise ValueError(f"adaptation_window must be a number >= 1, got {adaptation_window!r}.")
-        options = (batch_size, batch_sampling, num_steps, init_strategy, chunk_size, progress_draws)
-        SGMCKernel.__init__(self, model, KernelOptions(*options))
-        dynamics = (mass, friction, momentum_decay, gradient_noise, inverse_temperature)
-        self._configure(step_size, *dynamics, control_variates)
         self._adaptation_window = float(adaptation_window)
+        super().__init__(
+            model, step_size, mass=mass, friction=friction, momentum_decay=momentum_decay,
+            gradient_noise=gradient_noise, inverse_temperature=inverse_temperature,
+            control_variates=control_variates, batch_size=batch_size,
+            batch_sampling=batch_sampling, num_steps=num_steps, init_strategy=init_strategy,
+            chunk_size=chunk_size, progress_draws=progress_draws,
+        )  # fmt: skip

@@ -6,36 +6,40 @@
               + \\sqrt{h/\\beta}\\;\\Lambda^{1/2}\\xi, \\qquad \\xi \\sim N(0, I_d)
 
 All three are the Langevin integrator (:func:`~numpyro_sgmc.kernels.diffusions.langevin`) with a
-choice
-of gradient estimator and inverse temperature: SGLD-FP is SGLD with control variates, SGD is
-SGLD at ``β = ∞`` with the iterate average kept.
+choice of gradient estimator and inverse temperature: SGLD-FP is SGLD with control variates,
+SGD is SGLD at ``β = ∞`` with the iterate average kept. They share one family record,
+:data:`LANGEVIN_FAMILY` (:class:`~numpyro_sgmc.kernels.family.Family`), over
+:class:`LangevinDynamics`.
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax.numpy as jnp
-from numpyro.distributions.transforms import IdentityTransform, IndependentTransform
 from numpyro.infer.initialization import init_to_uniform
 
+from numpyro_sgmc.kernels import family
 from numpyro_sgmc.kernels.adaptation import iterate_average
 from numpyro_sgmc.kernels.auto_step import auto_spec
 from numpyro_sgmc.kernels.checks import StepCheck
 from numpyro_sgmc.kernels.core import build_kernel
 from numpyro_sgmc.kernels.curvature import curvature
 from numpyro_sgmc.kernels.diffusions import LangevinParams, langevin
-from numpyro_sgmc.kernels.shell import (
-    KernelOptions,
-    SGMCKernel,
-    check_step_size,
-    estimator_for,
-    valid_constrained,
-)
+from numpyro_sgmc.kernels.shell import SGMCKernel
 from numpyro_sgmc.scales import check_type, prepare
 
-__all__ = ["SGD", "SGLD", "SGLDFP", "LangevinConfig", "build_langevin", "langevin_step_check"]
+__all__ = [
+    "LANGEVIN_FAMILY",
+    "SGD",
+    "SGLD",
+    "SGLDFP",
+    "LangevinConfig",
+    "LangevinDynamics",
+    "build_langevin",
+    "langevin_step_check",
+]
 
 
 class LangevinConfig(NamedTuple):
@@ -54,17 +58,36 @@ class LangevinConfig(NamedTuple):
     exclude: frozenset
 
 
+class LangevinDynamics(NamedTuple):
+    """A first-order kernel's own arguments, checked: ``h`` (or
+    :class:`~numpyro_sgmc.kernels.auto_step.Auto`), ``β`` (``None`` for ``n``, ``inf`` for
+    SGD), ``Γ`` and ``Λ`` as given (``None``: identity, and ``Λ = Γ``), whether the gradient
+    has control variates (SGLD-FP) and whether the iterate average is kept (SGD)."""
+
+    step_size: Any
+    inverse_temperature: Optional[float]
+    preconditioner: Any
+    noise_preconditioner: Any
+    control_variates: bool
+    keeps_average: bool
+
+
+def langevin_dynamics(step_size, beta, preconditioner, noise_preconditioner, control, average):
+    """:class:`LangevinDynamics` from a constructor's arguments, each checked."""
+    return LangevinDynamics(
+        auto_spec(step_size) or family.check_step_size(step_size),
+        family.check_positive("inverse_temperature", beta),
+        check_type(preconditioner, "preconditioner"),
+        check_type(noise_preconditioner, "noise_preconditioner"),
+        bool(control),
+        bool(average),
+    )
+
+
 def build_langevin(config: LangevinConfig):
     """The functional kernel (:func:`~numpyro_sgmc.kernels.core.build_kernel`) of ``config``."""
-    estimator = estimator_for(
-        config.spec,
-        config.shards,
-        config.batch_sampling,
-        config.control_variates,
-        config.chunk_size,
-    )
+    estimator, valid = family.estimator_and_check(config)
     adaptation = None if config.average_after is None else iterate_average(config.average_after)
-    valid = valid_constrained(config.spec, config.exclude) if config.check_support else None
     return build_kernel(
         estimator, langevin(config.inverse_temperature), config.layout, adaptation, valid
     )
@@ -73,115 +96,114 @@ def build_langevin(config: LangevinConfig):
 def langevin_step_check(step_size, curvature, batch_size, beta, control_variates) -> StepCheck:
     """The :class:`~numpyro_sgmc.kernels.checks.StepCheck` of a first-order kernel.
 
-    Whitened by ``Γ`` and along its stiffest direction (``λ = λmax(ΓJ)``, ``I ≈ rλ``), the
-    linearised chain's stationary variance against its target ``1/(βλ)`` is
-    ``(1 + hβrλ/(4b)) / (1 - hλ/4)`` (``docs/theory.md`` §3): the discretisation and, without
-    control variates, the gradient noise. SGD (``β = ∞``) has no target: stability only.
+    Whitened by ``Γ`` and along its stiffest direction (``λ = λmax(ΓJ)``, per-datum gradient
+    variance ``rλ`` there, ``r = tr(ΓI)/tr(ΓJ)``), the linearised chain's stationary sd over
+    its target's ``1/sqrt(βλ)`` is ``sqrt((1 + hβrλ/(4b)) / (1 - hλ/4))``
+    (:func:`~numpyro_sgmc.theory.linear.langevin_sd_ratio`, ``docs/theory.md`` §3): the
+    discretisation and, without control variates, the gradient noise. ``inflation`` is that
+    ratio less 1, from the point estimate ``λmax/1.1`` (``curvature.lam_max`` is raised by 10%
+    as a margin for the stability bound, which ``stability`` keeps); ``suggested`` is the step
+    whose sd is 10% wide. SGD (``β = ∞``) has no target: stability only.
     """
+    from numpyro_sgmc.theory.linear import langevin_sd_ratio
+
     h, lam = float(step_size), float(curvature.lam_max)
     if math.isinf(beta):
         return StepCheck(h, lam, curvature.noise_ratio, h * lam, 4.0, math.nan, 1.0 / lam)
     r = (
         0.0
         if control_variates or not math.isfinite(curvature.noise_ratio)
-        else curvature.noise_ratio
+        else max(curvature.noise_ratio, 0.0)
     )
-    c = beta * max(r, 0.0) * lam / (4.0 * batch_size)
-    inflation = (1 + h * c) / (1 - h * lam / 4) - 1 if h * lam < 4 else math.inf
-    suggested = min(0.1 / (c + 0.275 * lam), 1.0 / lam)
+    estimate = lam / 1.1
+    inflation = (
+        langevin_sd_ratio(h, estimate, r * estimate, batch_size, beta) - 1
+        if h * lam < 4
+        else math.inf
+    )
+    # sd ratio 1.1: 1 + h·c = 1.21 (1 - hλ/4), c = βrλ/(4b)
+    c = beta * r * estimate / (4.0 * batch_size)
+    suggested = min(0.21 / (c + 0.3025 * estimate), 1.0 / lam)
     return StepCheck(h, lam, curvature.noise_ratio, h * lam, 4.0, inflation, suggested)
 
 
-def needs_support_check(prepared) -> bool:
-    """Whether a finite unconstrained position can map to a non-finite constrained value."""
+def _beta(dynamics: LangevinDynamics, num_data: int) -> float:
+    """``β``: the given one, else ``n`` (the posterior)."""
+    beta = dynamics.inverse_temperature
+    return float(num_data if beta is None else beta)
 
-    def identity(t):
-        while isinstance(t, IndependentTransform):
-            t = t.base_transform
-        return isinstance(t, IdentityTransform)
 
-    return not all(identity(t) for t in prepared.transforms.values())
+def _make_config(dynamics: LangevinDynamics, options, prepared, shards, num_warmup_steps):
+    return LangevinConfig(
+        **family.common_config(dynamics, options, prepared, shards),
+        inverse_temperature=_beta(dynamics, prepared.num_data),
+        average_after=num_warmup_steps if dynamics.keeps_average else None,
+    )
+
+
+def _check_step(dynamics, prepared, position, params, rng_key, model_args, model_kwargs):
+    found = curvature(
+        prepared.spec, prepared.layout, position, params.preconditioner, rng_key, model_args,
+        model_kwargs,
+    )  # fmt: skip
+    beta, b = _beta(dynamics, prepared.num_data), prepared.spec.batch_size
+    return langevin_step_check(dynamics.step_size, found, b, beta, dynamics.control_variates)
+
+
+def _stability_bound(dynamics) -> float:
+    """4: the bound of ``h·λmax(ΓJ)`` (``docs/theory.md`` §3)."""
+    return 4.0
+
+
+def _adapts_mass(dynamics) -> bool:
+    """False: the first-order kernels keep their preconditioners."""
+    return False
+
+
+def _chain_gamma(dynamics: LangevinDynamics, position, chain_init, where):
+    own = chain_init.preconditioner is not None
+    role = ("ChainInit." if own else "") + "preconditioner" + where
+    return prepare(chain_init.preconditioner if own else dynamics.preconditioner, position, role)
+
+
+def _step_scale(dynamics, position, chain_init, where):
+    """This chain's ``Γ`` (``inverse=False``: the bound is on ``λmax(ΓJ)``)."""
+    return _chain_gamma(dynamics, position, chain_init, where), False
+
+
+def _chain_params(dynamics: LangevinDynamics, prepared, position, chain_init, where, step_size):
+    gamma = _chain_gamma(dynamics, position, chain_init, where)
+    own = chain_init.noise_preconditioner is not None
+    spec = chain_init.noise_preconditioner if own else dynamics.noise_preconditioner
+    role = ("ChainInit." if own else "") + "noise_preconditioner" + where
+    lam = gamma if spec is None else prepare(spec, position, role)
+    dtype = jnp.result_type(*[jnp.asarray(v) for v in position.values()])
+    return LangevinParams(jnp.asarray(step_size, dtype), gamma, lam)
+
+
+LANGEVIN_FAMILY = family.Family(
+    "langevin", _make_config, build_langevin, _chain_params, _stability_bound, _step_scale,
+    _check_step, _adapts_mass,
+)  # fmt: skip
+"""The first-order family (SGLD, SGLD-FP, SGD) over :class:`LangevinDynamics`."""
 
 
 class _Langevin(SGMCKernel):
-    """The first-order kernels' shared construction (SGLD, SGLDFP, SGD)."""
+    """The first-order kernels' shared shell (SGLD, SGLDFP, SGD): a recipe of
+    :data:`LANGEVIN_FAMILY`."""
 
-    _build = staticmethod(build_langevin)
-    _keeps_average = False
-
-    def _configure(self, step_size, inverse_temperature, preconditioner, noise_preconditioner):
-        self._step_size = auto_spec(step_size) or check_step_size(step_size)
-        if inverse_temperature is not None:
-            beta = float(inverse_temperature)
-            if not beta > 0:
-                raise ValueError(f"inverse_temperature must be positive, got {beta!r}.")
-            inverse_temperature = beta
-        self._inverse_temperature = inverse_temperature
-        self._preconditioner = check_type(preconditioner, "preconditioner")
-        self._noise_preconditioner = check_type(noise_preconditioner, "noise_preconditioner")
-
-    @property
-    def step_size(self):
-        """``h``, on the average-gradient scale, or the
-        :class:`~numpyro_sgmc.kernels.auto_step.Auto` settings of ``step_size="auto"`` (each
-        chain's ``h`` is in ``auto_step`` after ``init``)."""
-        return self._step_size
+    def __init__(self, model, dynamics: LangevinDynamics, options: tuple):
+        super().__init__(
+            model, family.Recipe.of(type(self).__name__, LANGEVIN_FAMILY, dynamics, options)
+        )
 
     @property
     def inverse_temperature(self) -> Optional[float]:
         """``β`` (``n`` unless given; ``inf`` for SGD). Known after ``init``."""
-        if self._inverse_temperature is not None:
-            return self._inverse_temperature
-        return None if self._prepared is None else float(self.num_data)
-
-    def _make_config(self, prepared, shards, num_warmup_steps):
-        return LangevinConfig(
-            spec=prepared.spec,
-            layout=prepared.layout,
-            shards=shards,
-            batch_sampling=self._batch_sampling,
-            control_variates=self._control_variates,
-            chunk_size=self._chunk_size,
-            inverse_temperature=float(
-                prepared.num_data
-                if self._inverse_temperature is None
-                else self._inverse_temperature
-            ),
-            average_after=num_warmup_steps if self._keeps_average else None,
-            check_support=needs_support_check(prepared),
-            exclude=prepared.per_datum_sites,
-        )
-
-    def _check_step(self, prepared, position, params, rng_key, model_args, model_kwargs):
-        found = curvature(
-            prepared.spec, prepared.layout, position, params.preconditioner, rng_key, model_args,
-            model_kwargs,
-        )  # fmt: skip
-        beta = float(self.inverse_temperature)
-        b = prepared.spec.batch_size
-        return langevin_step_check(self._step_size, found, b, beta, self._control_variates)
-
-    def _stability_bound(self) -> float:
-        """4: the bound of ``h·λmax(ΓJ)`` (``docs/theory.md`` §3)."""
-        return 4.0
-
-    def _step_scale(self, prepared, position, chain_init, where):
-        """This chain's ``Γ`` (``inverse=False``: the bound is on ``λmax(ΓJ)``)."""
-        return self._chain_gamma(position, chain_init, where), False
-
-    def _chain_gamma(self, position, chain_init, where):
-        own = chain_init.preconditioner is not None
-        role = ("ChainInit." if own else "") + "preconditioner" + where
-        return prepare(chain_init.preconditioner if own else self._preconditioner, position, role)
-
-    def _chain_params(self, prepared, position, chain_init, where, step_size):
-        gamma = self._chain_gamma(position, chain_init, where)
-        own = chain_init.noise_preconditioner is not None
-        spec = chain_init.noise_preconditioner if own else self._noise_preconditioner
-        role = ("ChainInit." if own else "") + "noise_preconditioner" + where
-        lam = gamma if spec is None else prepare(spec, position, role)
-        dtype = jnp.result_type(*[jnp.asarray(v) for v in position.values()])
-        return LangevinParams(jnp.asarray(step_size, dtype), gamma, lam)
+        beta = self.recipe.dynamics.inverse_temperature
+        if beta is not None or self.num_data is None:
+            return beta
+        return float(self.num_data)
 
 
 class SGLD(_Langevin):
@@ -254,15 +276,17 @@ class SGLD(_Langevin):
         the compiled loop about 100 times; for ``MCMC(..., progress_bar=False)``.
     """
 
+    _control_variates = False
+
     def __init__(
         self,
         model,
         step_size,
         *,
-        batch_size=None,
         inverse_temperature=None,
         preconditioner=None,
         noise_preconditioner=None,
+        batch_size=None,
         batch_sampling="with_replacement",
         num_steps=100,
         init_strategy=init_to_uniform,
@@ -273,9 +297,12 @@ class SGLD(_Langevin):
             raise ValueError(
                 "inverse_temperature=inf removes the noise: that is SGD, use numpyro_sgmc.SGD."
             )
+        dynamics = langevin_dynamics(
+            step_size, inverse_temperature, preconditioner, noise_preconditioner,
+            self._control_variates, False,
+        )  # fmt: skip
         options = (batch_size, batch_sampling, num_steps, init_strategy, chunk_size, progress_draws)
-        super().__init__(model, KernelOptions(*options))
-        self._configure(step_size, inverse_temperature, preconditioner, noise_preconditioner)
+        super().__init__(model, dynamics, options)
 
 
 class SGLDFP(SGLD):
@@ -322,21 +349,19 @@ class SGD(_Langevin):
     ``noise_preconditioner`` (there is no noise).
     """
 
-    _keeps_average = True
-
     def __init__(
         self,
         model,
         step_size,
         *,
-        batch_size=None,
         preconditioner=None,
+        batch_size=None,
         batch_sampling="with_replacement",
         num_steps=100,
         init_strategy=init_to_uniform,
         chunk_size=65536,
         progress_draws=None,
     ):
+        dynamics = langevin_dynamics(step_size, math.inf, preconditioner, None, False, True)
         options = (batch_size, batch_sampling, num_steps, init_strategy, chunk_size, progress_draws)
-        super().__init__(model, KernelOptions(*options))
-        self._configure(step_size, math.inf, preconditioner, None)
+        super().__init__(model, dynamics, options)

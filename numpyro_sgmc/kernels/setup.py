@@ -1,0 +1,144 @@
+"""A kernel's ``init`` as a function of its :class:`~numpyro_sgmc.kernels.family.Recipe`.
+
+:func:`start` prepares the model (:func:`~numpyro_sgmc.data.model.prepare_model`), runs the
+checks of ``numpyro_sgmc.kernels.checks``, gives every chain its own parameters and
+control-variate centre (in the state, so that ``chain_method="vectorized" | "sequential" |
+"parallel"`` all keep them per chain), chooses ``step_size="auto"``
+(:mod:`~numpyro_sgmc.kernels.auto_step`) and builds the initial state with the family's pure
+``init``. Everything it needs of the kernel is in the recipe's :class:`Family` record.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, NamedTuple, Optional
+
+import jax
+from jax import random
+from numpyro.util import is_prng_key, not_jax_tracer
+
+from numpyro_sgmc.data import sharding
+from numpyro_sgmc.data.model import prepare_model, split_args
+from numpyro_sgmc.kernels import auto_step, checks
+from numpyro_sgmc.kernels.family import ChainInit, Recipe
+
+__all__ = ["Start", "start"]
+
+
+class Start(NamedTuple):
+    """What :func:`start` made: the initial ``state``, the ``prepared`` model, the static
+    ``config``, whether the chains are ``batched`` (a leading chain axis), and the
+    ``auto_step`` (:class:`~numpyro_sgmc.kernels.auto_step.AutoStep`) and ``step_check``
+    (``numpyro_sgmc.kernels.checks.StepCheck``) found, or ``None``."""
+
+    state: Any
+    prepared: Any
+    config: Any
+    batched: bool
+    auto_step: Optional[auto_step.AutoStep]
+    step_check: Optional[checks.StepCheck]
+
+
+@partial(jax.jit, static_argnames=("build", "config", "structure", "batched"))
+def _init_chains(build, config, structure, batched, rng_key, z, params, centre, arrays):
+    args, kwargs = structure.rebuild(arrays)
+    init = build(config).init
+    if batched:
+        return jax.vmap(init, (0, 0, 0, None, None, 0))(rng_key, z, params, args, kwargs, centre)
+    return init(rng_key, z, params, args, kwargs, centre)
+
+
+def start(recipe: Recipe, model, rng_key, num_warmup, init_params, model_args, model_kwargs):
+    """The :class:`Start` of ``MCMCKernel.init`` (module docstring); ``model_args`` and
+    ``model_kwargs`` already as arrays."""
+    family, dynamics, options, tuned, name = (
+        recipe.family, recipe.dynamics, recipe.options, recipe.tuned, recipe.name
+    )  # fmt: skip
+    chain_init = init_params if isinstance(init_params, ChainInit) else ChainInit(init_params)
+    if chain_init.centre is not None and not dynamics.control_variates:
+        raise ValueError(
+            f"ChainInit.centre is only used with control variates; {name} has none (use "
+            "SGLDFP, or control_variates=True)."
+        )
+    batched = not is_prng_key(rng_key)
+    if batched:
+        keys = jax.vmap(partial(random.split, num=3))(rng_key)
+        rng_key, key_init, key_check = keys[:, 0], keys[:, 1], keys[:, 2]
+    else:
+        rng_key, key_init, key_check = random.split(rng_key, 3)
+    sharding.data_layout(model_args, model_kwargs)  # layout errors before the model is traced
+    prepared = prepare_model(
+        key_init, model, model_args, model_kwargs, options.batch_size, options.init_strategy
+    )
+    shards = sharding.data_layout(model_args, model_kwargs, prepared.plates)
+    if tuned is not None:
+        tuned.check(prepared.plates, name)
+    z, centre = _starts(recipe, prepared, chain_init, key_init, batched)
+    checks.check_position(z, prepared.init_params, batched)
+    first = jax.tree.map(lambda v: v[0], z) if batched else z
+    key = key_check[0] if batched else key_check
+    data = (model_args, model_kwargs)
+    if shards is not None:
+        sharding.check_shard_evaluation(shards, prepared.spec, first, key, *data)
+    if chain_init.params is not None:
+        checks.check_finite_start(prepared.spec, z, *data, batched)
+    if options.batch_sampling == "blocks":
+        checks.check_row_order(prepared.spec, first, key, *data, name)
+    if centre is not None:
+        checks.check_position(centre, prepared.init_params, batched, "ChainInit.centre")
+    chosen = None
+    if isinstance(dynamics.step_size, auto_step.Auto):  # a fraction of each chain's bound
+        chosen = auto_step.choose_step_sizes(
+            dynamics.step_size, name, family.stability_bound(dynamics),
+            partial(family.step_scale, dynamics), prepared, z, chain_init, key, *data, batched,
+        )  # fmt: skip
+    steps = None if chosen is None else chosen.step_size
+    params = _all_chain_params(recipe, prepared, z, chain_init, batched, steps)
+    config = family.make_config(dynamics, options, prepared, shards, num_warmup * options.num_steps)
+    step_check = None
+    hand_set = tuned is None and shards is None and steps is None
+    if hand_set and not_jax_tracer(jax.tree.leaves(first)[0]):
+        one = jax.tree.map(lambda v: v[0], params) if batched else params
+        step_check = family.check_step(dynamics, prepared, first, one, key, *data)
+        checks.warn_step_size(step_check, name, inflation=not family.adapts_mass(dynamics))
+    arrays, structure = split_args(model_args, model_kwargs)
+    state = _init_chains(
+        family.build, config, structure, batched, rng_key, z, params, centre, arrays
+    )
+    if shards is not None:
+        state = sharding.replicate(state, shards)
+    if dynamics.control_variates and tuned is None:  # autotune's centre is its mode
+        checks.warn_far_centre(
+            prepared.spec, z if centre is None else centre, key, *data, batched, name
+        )
+    return Start(state, prepared, config, batched, chosen, step_check)
+
+
+def _starts(recipe: Recipe, prepared, chain_init: ChainInit, rng_key, batched: bool):
+    """Each chain's start and control-variate centre: the given ones; else, for a tuned
+    kernel, draws from the predicted law and the mode; else the init strategy's."""
+    z, centre, tuned = chain_init.params, chain_init.centre, recipe.tuned
+    if z is None:
+        z = prepared.init_params
+        if tuned is not None:
+            z = tuned.draws(rng_key, prepared.layout, batched)
+    if centre is None and recipe.dynamics.control_variates and tuned is not None:
+        num_chains = jax.tree.leaves(z)[0].shape[0] if batched else None
+        centre = tuned.centre(prepared.layout, num_chains)
+    return z, centre
+
+
+def _all_chain_params(recipe: Recipe, prepared, z, chain_init, batched: bool, steps=None):
+    """Every chain's parameters, stacked along a leading chain axis when ``batched``;
+    ``steps``: each chain's ``h`` (``None``: the kernel's ``step_size`` for all)."""
+    dynamics, chain_params = recipe.dynamics, recipe.family.chain_params
+    if not batched:
+        step = dynamics.step_size if steps is None else float(steps[0])
+        return chain_params(dynamics, prepared, z, chain_init, "", step)
+    num_chains = jax.tree.leaves(z)[0].shape[0]
+    per_chain = []
+    for c in range(num_chains):
+        own = jax.tree.map(lambda v, c=c: v[c], chain_init._replace(params=z, centre=None))
+        step = dynamics.step_size if steps is None else float(steps[c])
+        per_chain.append(chain_params(dynamics, prepared, own.params, own, f" of chain {c}", step))
+    return jax.tree.map(lambda *xs: jax.numpy.stack(xs), *per_chain)
