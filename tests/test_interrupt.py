@@ -232,11 +232,12 @@ def test_ctrl_c_in_every_phase_is_prompt_and_never_crashes(tmp_path):
     progress bar and (a single one) without, and run_kernel writing a checkpoint after every
     chunk.
 
-    Each phase ends (returns its draws or raises KeyboardInterrupt, as documented) within
-    2 s of the first signal, measured in the child: this covers an XLA compilation under way
-    when the signal comes (autotune compiles most of its time), which the raise waits for,
-    on this shared machine. The process's own exit is slower there (up to about 3 s for
-    JAX's teardown on a loaded machine) and is only required to be a normal one."""
+    Each run ends (returns its draws or raises KeyboardInterrupt, as documented) within 2 s
+    of the first signal, measured in the child. autotune compiles most of its time, and the
+    raise waits for the XLA compilation under way (interrupting one is what crashed the
+    process): its largest takes about 2.5 s on 2 quiet cores, so autotune gets 6 s. The
+    process's own exit is slower on a loaded machine (up to about 3 s for JAX's teardown)
+    and is only required to be a normal one."""
     rng = np.random.default_rng(25)
     directory = str(tmp_path / "run")
     log = open(tmp_path / "stderr", "w+")
@@ -272,7 +273,8 @@ def test_ctrl_c_in_every_phase_is_prompt_and_never_crashes(tmp_path):
     latency = {name: phases[name]["ended"] - sent[name] for name in sent}
     print("seconds from the first SIGINT to the phase's end:", latency)
     print({name: phases[name]["outcome"] for name in phases})
-    assert all(t < 2.0 for t in latency.values()), latency
+    limits = {name: 6.0 if name == "autotune" else 2.0 for name in latency}
+    assert all(latency[name] < limits[name] for name in latency), latency
 
     assert phases["autotune"]["outcome"] in ("raised", "finished early")
     # NumPyro's bar dispatches each draw from Python: Ctrl-C raises between two draws

@@ -149,6 +149,9 @@ class EpochProgress:
 _JAX_DIRS = tuple(
     os.path.dirname(module.__file__) + os.sep for module in (jax, sys.modules["jaxlib"])
 )
+# code that JAX calls into: the standard library's (logging, contextlib, threading), NumPy's
+_STDLIB_DIR = os.path.dirname(os.__file__) + os.sep
+_NUMPY_DIR = os.path.dirname(np.__file__) + os.sep
 _RAISE_POLL = 0.01  # seconds between looks at the main thread's stack while a raise waits
 
 _PER_DRAW_MESSAGE = (
@@ -160,13 +163,28 @@ _PER_DRAW_MESSAGE = (
 )
 
 
+def _passive(filename: str) -> bool:
+    """Code that runs for whoever called it: NumPy's and the standard library's (installed
+    packages may live below the standard library's directory, so those are not)."""
+    if filename.startswith(_NUMPY_DIR):
+        return True
+    installed = f"{os.sep}site-packages{os.sep}" in filename or "dist-packages" in filename
+    return filename.startswith(_STDLIB_DIR) and not installed
+
+
 def _in_jax(frame) -> bool:
     """Whether the thread whose innermost frame is ``frame`` runs JAX's code (tracing,
     compiling, dispatching, waiting for a result), or this module's handler; not whether JAX
-    called the code it runs (a model being traced, a function under ``jax.tree.map``)."""
-    if frame is None:
-        return False
-    return frame.f_code.co_filename.startswith(_JAX_DIRS) or frame.f_code is _HANDLER_CODE
+    called the code it runs (a model being traced, a function under ``jax.tree.map``). A frame
+    of the standard library or NumPy belongs to the frame that called it."""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename.startswith(_JAX_DIRS) or frame.f_code is _HANDLER_CODE:
+            return True
+        if not _passive(filename):
+            return False
+        frame = frame.f_back
+    return False
 
 
 class _Interrupts:
