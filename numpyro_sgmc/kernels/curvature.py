@@ -25,7 +25,17 @@ from numpyro_sgmc.data.gradients import minibatch
 from numpyro_sgmc.data.model import potential, split_args
 from numpyro_sgmc.data.subsample import Batch
 
-__all__ = ["Curvature", "curvature", "host_rng", "key_seed", "largest_eigenvalue", "random_rows"]
+__all__ = [
+    "MARGIN",
+    "Curvature",
+    "curvature",
+    "host_rng",
+    "key_seed",
+    "largest_eigenvalue",
+    "random_rows",
+]
+
+MARGIN = 1.1  # λmax is raised by this for the power iteration's shortfall and the rows' noise
 
 
 def key_seed(rng_key) -> list:
@@ -108,7 +118,7 @@ def largest_eigenvalue(
     value = _power(
         spec, structure, layout, bool(inverse), int(iterations), scale, position, batch, v, arrays
     )
-    return 1.1 * float(value)
+    return MARGIN * float(value)
 
 
 class Curvature(NamedTuple):

@@ -30,7 +30,7 @@ from numpyro_sgmc.kernels.adaptation import mass_adaptation
 from numpyro_sgmc.kernels.auto_step import Auto, auto_spec
 from numpyro_sgmc.kernels.checks import StepCheck
 from numpyro_sgmc.kernels.core import build_kernel
-from numpyro_sgmc.kernels.curvature import curvature
+from numpyro_sgmc.kernels.curvature import MARGIN, curvature
 from numpyro_sgmc.kernels.diffusions import sghmc, sghmc_params
 from numpyro_sgmc.kernels.shell import SGMCKernel
 from numpyro_sgmc.scales import Diagonal, check_type, is_dense, is_sized, prepare
@@ -129,7 +129,7 @@ def sghmc_step_check(step_size, curvature, num_data, batch_size, temperature, al
     r = curvature.noise_ratio if math.isfinite(curvature.noise_ratio) else 0.0
     minibatch = batch_size < n and not control and r > 0
     beta = math.inf if temperature == 0 else n / temperature
-    estimate = lam / 1.1
+    estimate = lam / MARGIN  # the point estimate, without the stability bound's margin
 
     def inflation(h):
         if h * lam >= bound:

@@ -25,10 +25,11 @@ from numpyro_sgmc.kernels.adaptation import iterate_average
 from numpyro_sgmc.kernels.auto_step import auto_spec
 from numpyro_sgmc.kernels.checks import StepCheck
 from numpyro_sgmc.kernels.core import build_kernel
-from numpyro_sgmc.kernels.curvature import curvature
+from numpyro_sgmc.kernels.curvature import MARGIN, curvature
 from numpyro_sgmc.kernels.diffusions import LangevinParams, langevin
 from numpyro_sgmc.kernels.shell import SGMCKernel
 from numpyro_sgmc.scales import check_type, prepare
+from numpyro_sgmc.theory.linear import langevin_sd_ratio
 
 __all__ = [
     "LANGEVIN_FAMILY",
@@ -105,8 +106,6 @@ def langevin_step_check(step_size, curvature, batch_size, beta, control_variates
     as a margin for the stability bound, which ``stability`` keeps); ``suggested`` is the step
     whose sd is 10% wide. SGD (``β = ∞``) has no target: stability only.
     """
-    from numpyro_sgmc.theory.linear import langevin_sd_ratio
-
     h, lam = float(step_size), float(curvature.lam_max)
     if math.isinf(beta):
         return StepCheck(h, lam, curvature.noise_ratio, h * lam, 4.0, math.nan, 1.0 / lam)
@@ -115,7 +114,7 @@ def langevin_step_check(step_size, curvature, batch_size, beta, control_variates
         if control_variates or not math.isfinite(curvature.noise_ratio)
         else max(curvature.noise_ratio, 0.0)
     )
-    estimate = lam / 1.1
+    estimate = lam / MARGIN  # the point estimate, without the stability bound's margin
     inflation = (
         langevin_sd_ratio(h, estimate, r * estimate, batch_size, beta) - 1
         if h * lam < 4
