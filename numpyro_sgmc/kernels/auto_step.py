@@ -42,17 +42,14 @@ start, so a chain that travels to a region of higher curvature can still turn un
 
 from __future__ import annotations
 
-from functools import partial
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax import random
 from numpyro.util import not_jax_tracer
 
-from numpyro_sgmc.data.model import potential, split_args
-from numpyro_sgmc.kernels.curvature import host_rng, random_rows
+from numpyro_sgmc.kernels.curvature import largest_eigenvalue
 
 __all__ = [
     "FRACTION",
@@ -115,48 +112,6 @@ class AutoStep(NamedTuple):
         )
 
 
-@partial(jax.jit, static_argnames=("spec", "structure", "layout", "inverse", "iterations"))
-def _power(spec, structure, layout, inverse, iterations, scale, position, batch, v, shift, arrays):
-    """The power iteration on ``PJ - shift·I`` from ``v``; the Rayleigh quotient of ``PJ``."""
-    args, kwargs = structure.rebuild(arrays)
-    flat = layout.ravel(position)
-    apply, unapply = (scale.solve, scale.apply) if inverse else (scale.apply, scale.solve)
-
-    def average(x):
-        return potential(spec, layout.unravel(x), batch, args, kwargs) / spec.num_data
-
-    def hvp(u):
-        return jax.jvp(jax.grad(average), (flat,), (u,))[1]
-
-    def body(_, u):
-        w = apply(hvp(u)) - shift * u
-        return w / jnp.linalg.norm(w)
-
-    v = jax.lax.fori_loop(0, iterations, body, v / jnp.linalg.norm(v))
-    return jnp.vdot(v, hvp(v)) / jnp.vdot(v, unapply(v))
-
-
-def largest_positive_eigenvalue(
-    prepared, position, scale, inverse, rng_key, model_args, model_kwargs, spec
-) -> float:
-    """``λmax(PJ)``, the largest eigenvalue (not raised), at ``position``; ``P`` = ``scale``
-    (its inverse with ``inverse=True``). A negative first estimate ``λ₋`` (the eigenvalue of
-    largest magnitude) is followed by a second power iteration on ``PJ - λ₋I``."""
-    rng = host_rng(rng_key)
-    batch = random_rows(rng, prepared.spec.plates, spec.num_rows)
-    arrays, structure = split_args(model_args, model_kwargs)
-    flat = prepared.layout.ravel(position)
-    v = jnp.asarray(rng.standard_normal(flat.shape), flat.dtype)
-    run = partial(
-        _power, prepared.spec, structure, prepared.layout, bool(inverse), spec.iterations, scale,
-        position, batch, v,
-    )  # fmt: skip
-    lam = float(run(jnp.zeros((), flat.dtype), arrays))
-    if lam < 0:
-        lam = float(run(jnp.asarray(lam, flat.dtype), arrays))
-    return lam
-
-
 def choose_step_sizes(
     spec: Auto,
     kernel_name: str,
@@ -200,9 +155,10 @@ def choose_step_sizes(
             own = jax.tree.map(lambda v, c=c: v[c], own)
         where = f" of chain {c}" if batched else ""
         scale, inverse = step_scale(own.params, own, where)
-        lam = 1.1 * largest_positive_eigenvalue(
-            prepared, own.params, scale, inverse, keys[c], model_args, model_kwargs, spec
-        )
+        lam = largest_eigenvalue(
+            prepared.spec, prepared.layout, own.params, scale, keys[c], model_args, model_kwargs,
+            num_rows=spec.num_rows, iterations=spec.iterations, inverse=inverse, positive=True,
+        )  # fmt: skip
         if not (np.isfinite(lam) and lam > 0):
             raise ValueError(
                 f"step_size='auto' found λmax = {lam:.4g} at the start{where}: the potential "

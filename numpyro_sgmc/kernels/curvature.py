@@ -86,12 +86,13 @@ def _batch_hvp(spec, structure, layout, position, batch, arrays):
 
 
 @partial(jax.jit, static_argnames=("spec", "structure", "layout", "inverse", "iterations"))
-def _power(spec, structure, layout, inverse, iterations, scale, position, batch, v, arrays):
+def _power(spec, structure, layout, inverse, iterations, scale, position, batch, v, shift, arrays):
+    """The power iteration on ``PJ - shift·I`` from ``v``; the Rayleigh quotient of ``PJ``."""
     _, hvp = _batch_hvp(spec, structure, layout, position, batch, arrays)
     apply, unapply = _products(scale, inverse)
 
     def body(_, v):
-        w = apply(hvp(v))
+        w = apply(hvp(v)) - shift * v
         return w / jnp.linalg.norm(w)
 
     v = jax.lax.fori_loop(0, iterations, body, v / jnp.linalg.norm(v))
@@ -100,25 +101,31 @@ def _power(spec, structure, layout, inverse, iterations, scale, position, batch,
 
 def largest_eigenvalue(
     spec, layout, position, scale, rng_key, model_args, model_kwargs, num_rows=10000,
-    iterations=50, inverse=False, rng=None,
+    iterations=50, inverse=False, rng=None, positive=False,
 ) -> float:  # fmt: skip
-    """``λmax(PJ)`` at ``position`` (``J`` from about ``num_rows`` rows), raised by 10% for the
-    iteration's shortfall and the batch's noise: the one power iteration of the kernels' step
-    checks and the autotuner.
+    """``λmax(PJ)`` at ``position`` (``J`` from about ``num_rows`` rows), raised by
+    :data:`MARGIN` for the iteration's shortfall and the batch's noise: the one power iteration
+    of the kernels' step checks, ``step_size="auto"`` and the autotuner.
 
     :param scale: ``P`` (or, with ``inverse=True``, ``P⁻¹``): a prepared scale.
     :param rng: the host generator of the rows and the start vector (default
         ``host_rng(rng_key)``; the autotuner passes its own named stream).
+    :param bool positive: the largest eigenvalue rather than the one of largest magnitude:
+        away from a strict minimum that can be negative (a saddle direction), ``λ₋``; a second
+        iteration on ``PJ - λ₋I``, whose top eigenvalue is ``λmax - λ₋``, then finds ``λmax``.
     """
     rng = host_rng(rng_key) if rng is None else rng
     batch = random_rows(rng, spec.plates, num_rows)
     arrays, structure = split_args(model_args, model_kwargs)
     flat = layout.ravel(position)
     v = jnp.asarray(rng.standard_normal(flat.shape), flat.dtype)
-    value = _power(
-        spec, structure, layout, bool(inverse), int(iterations), scale, position, batch, v, arrays
+    run = partial(
+        _power, spec, structure, layout, bool(inverse), int(iterations), scale, position, batch, v
     )
-    return MARGIN * float(value)
+    value = float(run(jnp.zeros((), flat.dtype), arrays))
+    if positive and value < 0:
+        value = float(run(jnp.asarray(value, flat.dtype), arrays))
+    return MARGIN * value
 
 
 class Curvature(NamedTuple):
