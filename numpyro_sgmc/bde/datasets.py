@@ -11,6 +11,14 @@ Each loader shuffles the rows with a seeded NumPy permutation and splits them in
 and a test part; the rows of either part are in random order, as ``batch_sampling="blocks"``
 needs. Arrays are NumPy: ``float32`` inputs and targets, ``int32`` labels.
 
+The bundled UCI sets are split as scikit-learn's ``train_test_split(X, y,
+test_size=test_fraction, random_state=seed)`` (computed without scikit-learn) and their inputs
+and target standardised with the training rows' mean and standard deviation
+(``StandardScaler``): with the defaults, the split and scaling of the regression benchmark of
+``sklearn-contrib-bde`` (its ``paper/scripts/benchmark.py``, split seed 0). Their
+:class:`Split` carries ``float32`` arrays with ``y_mean`` and ``y_scale`` to undo the
+target's standardisation.
+
 scikit-learn (for :func:`digits` and :func:`diabetes` only) is an optional dependency:
 ``pip install "numpyro-sgmc[examples]"``.
 """
@@ -61,16 +69,23 @@ def _sklearn_datasets():
     return datasets
 
 
-def _split_indices(num_rows: int, seed: int, test_fraction: float) -> tuple:
-    """``(train, test)`` row indices: a seeded permutation, its first part the test rows."""
+def _num_test(num_rows: int, test_fraction: float, rounding) -> int:
+    """The number of test rows, ``rounding(test_fraction · num_rows)``, leaving both parts
+    non-empty."""
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction must lie in (0, 1), got {test_fraction!r}.")
-    num_test = round(test_fraction * num_rows)
+    num_test = rounding(test_fraction * num_rows)
     if not 0 < num_test < num_rows:
         raise ValueError(
             f"test_fraction={test_fraction} leaves an empty training or test set of "
             f"{num_rows} rows."
         )
+    return num_test
+
+
+def _split_indices(num_rows: int, seed: int, test_fraction: float) -> tuple:
+    """``(train, test)`` row indices: a seeded permutation, its first part the test rows."""
+    num_test = _num_test(num_rows, test_fraction, round)
     order = np.random.default_rng(seed).permutation(num_rows)
     return order[num_test:], order[:num_test]
 
@@ -150,14 +165,7 @@ def _sklearn_split(num_rows: int, seed: int, test_fraction: float) -> tuple:
     """``(train, test)`` row indices of ``sklearn.model_selection.train_test_split(...,
     test_size=test_fraction, random_state=seed)``: ``⌈f·N⌉`` test rows, the first of a legacy
     ``RandomState(seed)`` permutation."""
-    if not 0 < test_fraction < 1:
-        raise ValueError(f"test_fraction must lie in (0, 1), got {test_fraction!r}.")
-    num_test = math.ceil(test_fraction * num_rows)
-    if not 0 < num_test < num_rows:
-        raise ValueError(
-            f"test_fraction={test_fraction} leaves an empty training or test set of "
-            f"{num_rows} rows."
-        )
+    num_test = _num_test(num_rows, test_fraction, math.ceil)
     order = np.random.RandomState(seed).permutation(num_rows)
     return order[num_test:], order[:num_test]
 
@@ -186,16 +194,11 @@ def airfoil(seed: int = 0, test_fraction: float = 0.2) -> Split:
     Source: T. Brooks, D. Pope, M. Marcolini, *Airfoil Self-Noise and Prediction*, NASA
     RP-1218, 1989, via the UCI Machine Learning Repository (bundled, no download).
 
-    The split is scikit-learn's ``train_test_split(X, y, test_size=test_fraction,
-    random_state=seed)`` (computed without scikit-learn) and inputs and target are
-    standardised with the training rows' mean and standard deviation (``StandardScaler``):
-    with the defaults, the split and scaling of the regression benchmark of
-    ``sklearn-contrib-bde`` (its ``paper/scripts/benchmark.py``, split seed 0).
+    Split and standardised as every bundled UCI set (module docstring).
 
-    :param seed: seed of the permutation that splits the rows.
-    :param test_fraction: fraction of the rows held out for testing.
-    :return: a :class:`Split` of ``float32`` arrays ``X`` ``(N, 5)``, ``y`` ``(N,)``, with
-        ``y_mean`` and ``y_scale`` to undo the target's standardisation.
+    :param seed: ``random_state`` of the split.
+    :param test_fraction: ``test_size`` of the split.
+    :return: a :class:`Split`, ``X`` ``(N, 5)``, ``y`` ``(N,)``.
     :raises ValueError: ``test_fraction`` leaves no training or no test row.
     """
     _, rows = _bundled_rows("airfoil.csv.gz", ",", header=True)
@@ -212,16 +215,11 @@ def concrete(seed: int = 0, test_fraction: float = 0.2) -> Split:
     neural networks*, Cement and Concrete Research 1998, via the UCI Machine Learning
     Repository (bundled, no download).
 
-    The split is scikit-learn's ``train_test_split(X, y, test_size=test_fraction,
-    random_state=seed)`` (computed without scikit-learn) and inputs and target are
-    standardised with the training rows' mean and standard deviation (``StandardScaler``):
-    with the defaults, the split and scaling of the regression benchmark of
-    ``sklearn-contrib-bde`` (its ``paper/scripts/benchmark.py``, split seed 0).
+    Split and standardised as every bundled UCI set (module docstring).
 
-    :param seed: seed of the permutation that splits the rows.
-    :param test_fraction: fraction of the rows held out for testing.
-    :return: a :class:`Split` of ``float32`` arrays ``X`` ``(N, 8)``, ``y`` ``(N,)``, with
-        ``y_mean`` and ``y_scale`` to undo the target's standardisation.
+    :param seed: ``random_state`` of the split.
+    :param test_fraction: ``test_size`` of the split.
+    :return: a :class:`Split`, ``X`` ``(N, 8)``, ``y`` ``(N,)``.
     :raises ValueError: ``test_fraction`` leaves no training or no test row.
     """
     _, rows = _bundled_rows("concrete.data.gz", None, header=False)
@@ -242,16 +240,11 @@ def bike_sharing(seed: int = 0, test_fraction: float = 0.2) -> Split:
     combining ensemble detectors and background knowledge*, Progress in Artificial
     Intelligence 2013, via the UCI Machine Learning Repository (bundled, no download).
 
-    The split is scikit-learn's ``train_test_split(X, y, test_size=test_fraction,
-    random_state=seed)`` (computed without scikit-learn) and inputs and target are
-    standardised with the training rows' mean and standard deviation (``StandardScaler``):
-    with the defaults, the split and scaling of the regression benchmark of
-    ``sklearn-contrib-bde`` (its ``paper/scripts/benchmark.py``, split seed 0).
+    Split and standardised as every bundled UCI set (module docstring).
 
-    :param seed: seed of the permutation that splits the rows.
-    :param test_fraction: fraction of the rows held out for testing.
-    :return: a :class:`Split` of ``float32`` arrays ``X`` ``(N, 12)``, ``y`` ``(N,)``, with
-        ``y_mean`` and ``y_scale`` to undo the target's standardisation.
+    :param seed: ``random_state`` of the split.
+    :param test_fraction: ``test_size`` of the split.
+    :return: a :class:`Split`, ``X`` ``(N, 12)``, ``y`` ``(N,)``.
     :raises ValueError: ``test_fraction`` leaves no training or no test row.
     """
     names, rows = _bundled_rows("bike_sharing_hour.csv.gz", ",", header=True)

@@ -163,7 +163,14 @@ def pairwise_cosine_similarity(masses) -> np.ndarray:
         :func:`mass_from_warm_start`'s per-site result), or a ``(K, d)`` array. Layer-wise
         masses compare one value per site.
     """
-    values = masses.values if isinstance(masses, Diagonal) else masses
+    # A Diagonal is a pytree whose one child is its values: unwrap it without asking its type
+    found = jax.tree.leaves(masses, is_leaf=lambda x: isinstance(x, dict))
+    if len(found) != 1:
+        raise ValueError(
+            "masses must be a Diagonal or a (K, d) array, got a value with "
+            f"{len(found)} arrays ({type(masses).__name__})."
+        )
+    (values,) = found
     if isinstance(values, dict):
         leaves = [np.asarray(values[k], np.float64) for k in sorted(values)]
         K = leaves[0].shape[0]

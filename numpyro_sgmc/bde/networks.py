@@ -176,6 +176,34 @@ def _check_common(prior_scale, batch_size) -> None:
         _check_positive_int("batch_size", batch_size)
 
 
+def _check_mlp(num_outputs, hidden, likelihood, noise, parametrization) -> Optional[float]:
+    """Raise unless :func:`mlp`'s arguments are valid; the fixed noise scale, else ``None``."""
+    if likelihood not in _LIKELIHOODS:
+        raise ValueError(f"likelihood must be one of {_LIKELIHOODS}, got {likelihood!r}.")
+    if parametrization not in _PARAMETRIZATIONS:
+        raise ValueError(
+            f"parametrization must be one of {_PARAMETRIZATIONS}, got {parametrization!r}."
+        )
+    fixed_noise = None
+    if isinstance(noise, str):
+        if noise not in _NOISES:
+            raise ValueError(f"noise must be one of {_NOISES} or a positive number, got {noise!r}.")
+    elif isinstance(noise, numbers.Real) and not isinstance(noise, bool) and noise > 0:
+        fixed_noise = float(noise)
+    else:
+        raise ValueError(f"noise must be one of {_NOISES} or a positive number, got {noise!r}.")
+    if likelihood == "categorical" and noise != "learned":
+        raise ValueError(f"noise={noise!r} is for the Gaussian likelihood only.")
+    _check_positive_int("num_outputs", num_outputs)
+    if likelihood == "categorical" and num_outputs < 2:
+        raise ValueError(
+            f"A categorical likelihood needs num_outputs >= 2 classes, got {num_outputs}."
+        )
+    for width in hidden:
+        _check_positive_int("every hidden width", width)
+    return fixed_noise
+
+
 def mlp(
     num_outputs: int = 1,
     hidden: Sequence[int] = (50,),
@@ -231,30 +259,8 @@ def mlp(
         ``"learned"`` with ``"categorical"``, fewer than 2 classes, or a non-positive size or
         scale; and, from the model, ``y`` of another shape than above.
     """
-    if likelihood not in _LIKELIHOODS:
-        raise ValueError(f"likelihood must be one of {_LIKELIHOODS}, got {likelihood!r}.")
-    if parametrization not in _PARAMETRIZATIONS:
-        raise ValueError(
-            f"parametrization must be one of {_PARAMETRIZATIONS}, got {parametrization!r}."
-        )
-    fixed_noise = None
-    if isinstance(noise, str):
-        if noise not in _NOISES:
-            raise ValueError(f"noise must be one of {_NOISES} or a positive number, got {noise!r}.")
-    elif isinstance(noise, numbers.Real) and not isinstance(noise, bool) and noise > 0:
-        fixed_noise = float(noise)
-    else:
-        raise ValueError(f"noise must be one of {_NOISES} or a positive number, got {noise!r}.")
-    if likelihood == "categorical" and noise != "learned":
-        raise ValueError(f"noise={noise!r} is for the Gaussian likelihood only.")
-    _check_positive_int("num_outputs", num_outputs)
-    if likelihood == "categorical" and num_outputs < 2:
-        raise ValueError(
-            f"A categorical likelihood needs num_outputs >= 2 classes, got {num_outputs}."
-        )
     hidden = tuple(hidden)
-    for width in hidden:
-        _check_positive_int("every hidden width", width)
+    fixed_noise = _check_mlp(num_outputs, hidden, likelihood, noise, parametrization)
     _check_common(prior_scale, batch_size)
     names = _layer_names("dense", len(hidden) + 1)
     dense = _dense if parametrization == "ntk" else _dense_standard
