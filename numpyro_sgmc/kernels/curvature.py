@@ -35,7 +35,9 @@ __all__ = [
     "random_rows",
 ]
 
-MARGIN = 1.1  # λmax is raised by this for the power iteration's shortfall and the rows' noise
+MARGIN = 1.1
+"""The factor :func:`largest_eigenvalue` raises ``λmax`` by, for the power iteration's
+shortfall and the rows' noise."""
 
 
 def key_seed(rng_key) -> list:

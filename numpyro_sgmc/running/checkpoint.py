@@ -65,7 +65,8 @@ __all__ = [
     "sets_scales",
 ]
 
-NUM_ROWS = 64  # rows of every data argument that the fingerprint hashes
+NUM_ROWS = 64
+"""Rows of every data argument that the fingerprint hashes."""
 FORMAT = 2  # of a checkpoint directory (1: one state.npz holding the metadata, no checksums)
 LATEST, PREVIOUS = "checkpoint.json", "checkpoint-previous.json"
 _OWN = re.compile(r"^(state|draws)-\d+-\d+\.npz(\.tmp)?$|^checkpoint(-previous)?\.json\.tmp$")

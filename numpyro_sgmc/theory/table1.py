@@ -281,6 +281,7 @@ TABLE_1 = (
 """Table 1: every row, in the order of ``docs/theory.md`` §4 (:class:`Row`)."""
 
 ROWS = {row.name: row for row in TABLE_1}
+"""Row name -> :class:`Row`, for every row of :data:`TABLE_1`."""
 
 
 def rows_reaching(weights) -> list:
