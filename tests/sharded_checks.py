@@ -45,10 +45,10 @@ from numpyro_sgmc import (  # noqa: E402
     ChainInit,
     Diagonal,
     shard_data,
-    sharding,  # noqa: E402
     warm_start,
 )
 from numpyro_sgmc.bde import chain_init  # noqa: E402
+from numpyro_sgmc.data import sharding  # noqa: E402
 from numpyro_sgmc.data.batches import BATCH_SAMPLING  # noqa: E402
 from numpyro_sgmc.data.gradients import full_data_gradient  # noqa: E402
 from numpyro_sgmc.data.model import prepare_model  # noqa: E402
