@@ -1,7 +1,7 @@
 """Kernel families as data: what :class:`~numpyro_sgmc.kernels.shell.SGMCKernel` needs of a
 kind of kernel, as a record of pure functions (blackjax's pattern of small functional steps).
 
-A :class:`Family` (``LANGEVIN`` of :mod:`~numpyro_sgmc.kernels.sgld`, ``SGHMC`` of
+A :class:`Family` (``LANGEVIN_FAMILY`` of :mod:`~numpyro_sgmc.kernels.sgld`, ``SGHMC_FAMILY`` of
 :mod:`~numpyro_sgmc.kernels.sghmc`) takes the family's *dynamics*, a NamedTuple of the
 constructor's checked arguments with at least the fields ``step_size`` (a number or
 :class:`~numpyro_sgmc.kernels.auto_step.Auto`) and ``control_variates`` (bool), and says
