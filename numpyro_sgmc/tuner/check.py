@@ -272,8 +272,8 @@ def check_run(
         notes.append(
             "the fresh-rows estimate is not independent in its rows: the tuner used all "
             f"{report.num_data} rows, so it recomputes J and I from the same rows at the run's "
-            "mean: it is compared with the run, at the run's own point, not with the "
-            "prediction, which differs from it only by that point."
+            "mean: where the run agrees with the prediction it is compared with the run, at the "
+            "run's own point, not with the prediction, which differs from it only by that point."
         )
     result = RunCheck(
         names=names,
@@ -393,10 +393,12 @@ def _statistics(draws, report) -> _RunStatistics:
 def _independent_findings(names, run, indep_sd, indep_error, critical, found, own_rows) -> list:
     """The prediction, then (if nothing was found yet) the run, against the sds the run should
     have by the target from fresh rows (``indep_sd``). When those rows are the tuner's own
-    (``own_rows``: it used all of them) the prediction and the estimate differ only in their
-    point, the mode against the run's mean, by the posterior's departure from a Gaussian,
-    which neither error bar covers: only the run, sampled at its own point, is compared."""
-    if own_rows:
+    (``own_rows``: it used all of them) and the run agrees with the prediction, the two
+    estimates differ only in their point, the mode against the run's mean, by the
+    posterior's departure from a Gaussian, which neither error bar covers: only the run,
+    sampled at its own point, is compared. When the run already disagrees (``found``), the
+    comparison says whether the data differ from the tuner's."""
+    if own_rows and not found:
         findings = []
     else:
         findings = _disagreement(
