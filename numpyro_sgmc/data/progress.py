@@ -34,7 +34,9 @@ after a stop it would still dispatch each remaining (skipped) draw, at tens of m
 or more each, minutes for a long run. With one chain or sequential chains (where NumPyro asks
 the kernel for its diagnostics between draws) a Ctrl-C raises ``KeyboardInterrupt`` between
 two draws instead (:meth:`RunWatch.between_draws`), with an ``InterruptWarning`` saying how to
-keep the draws; vectorised chains give the kernel no such hook.
+keep the draws; vectorised chains give the kernel no such hook. In that loop the raise does
+not wait for the main thread to leave JAX's code (between draws dispatched back to back it is
+out for microseconds at a time, and a wait took seconds): the next draw raises it.
 """
 
 from __future__ import annotations
@@ -209,6 +211,7 @@ class _Interrupts:
         self._alive_until = 0.0
         self._per_draw = False  # the run going dispatches every draw from Python
         self._raising = None  # the thread that delivers a KeyboardInterrupt, while one waits
+        self._owed = False  # a KeyboardInterrupt is owed to the main thread, not yet raised
 
     def install_default(self):
         """Take the place of Python's default SIGINT handler (main thread only): Ctrl-C then
@@ -292,8 +295,10 @@ class _Interrupts:
         with self._lock:
             self._per_draw = True
             requested, self._requested = self._requested, False
+            owed, self._owed = self._owed, False
         if requested:
             warnings.warn(_PER_DRAW_MESSAGE, InterruptWarning, stacklevel=3)
+        if requested or owed:
             raise KeyboardInterrupt
 
     @property
@@ -335,6 +340,9 @@ class _Interrupts:
         if not _in_jax(frame):  # the main thread runs code of its own, not JAX's
             raise KeyboardInterrupt
         with self._lock:
+            # owed: the next draw of a per-draw loop raises it (per_draw), or the thread does
+            # once the main thread is out of JAX (which between dispatches can take seconds)
+            self._owed = True
             if self._raising is None:
                 self._raising = threading.Thread(
                     target=self._raise_when_out_of_jax, name="ctrl-c", daemon=True
@@ -349,13 +357,15 @@ class _Interrupts:
         only once the main thread's innermost frame is not JAX's.
         """
         main = threading.main_thread().ident
-        while _in_jax(sys._current_frames().get(main)):
+        while self._owed and _in_jax(sys._current_frames().get(main)):
             time.sleep(_RAISE_POLL)
         with self._lock:
             self._raising = None
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                ctypes.c_ulong(main), ctypes.py_object(KeyboardInterrupt)
-            )
+            if self._owed:  # not raised meanwhile by the next draw (per_draw)
+                self._owed = False
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(main), ctypes.py_object(KeyboardInterrupt)
+                )
 
 
 _HANDLER_CODE = _Interrupts._handle.__code__
