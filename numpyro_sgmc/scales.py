@@ -38,6 +38,8 @@ import scipy.linalg
 from jax.flatten_util import ravel_pytree
 from numpyro.util import not_jax_tracer
 
+from numpyro_sgmc.host import device_array
+
 __all__ = [
     "Dense",
     "Diagonal",
@@ -352,7 +354,7 @@ def prepare(spec, position: dict, role: str = "preconditioner", allow_zero: bool
     d, dtype = int(flat.shape[0]), flat.dtype
     if isinstance(spec, Diagonal):
         values = _flat_diagonal(spec.values, position, role)
-        values = jnp.asarray(values, dtype)
+        values = device_array(values, dtype)
         if not_jax_tracer(values):
             arr = np.asarray(values)
             ok = np.all(arr >= 0) if allow_zero else np.all(arr > 0)
@@ -364,7 +366,7 @@ def prepare(spec, position: dict, role: str = "preconditioner", allow_zero: bool
                     f"(of {d}, in flat order) is {arr[bad]}."
                 )
         return Diagonal(values)
-    matrix = jnp.asarray(spec.matrix, dtype)
+    matrix = device_array(spec.matrix, dtype)
     if matrix.shape != (d, d):
         raise ValueError(
             f"{role}: Dense matrix has shape {tuple(matrix.shape)}, but the model has d = {d} "
@@ -380,7 +382,13 @@ def prepare(spec, position: dict, role: str = "preconditioner", allow_zero: bool
             )
         if not np.allclose(m, m.T, rtol=1e-5, atol=1e-6 * np.abs(m).max()):
             raise ValueError(f"{role}: Dense matrix is not symmetric.")
-    cholesky = jnp.linalg.cholesky(matrix)
+    if not_jax_tracer(matrix):  # on the host: no program compiled for it
+        try:
+            cholesky = device_array(np.linalg.cholesky(np.asarray(matrix)))
+        except np.linalg.LinAlgError:
+            cholesky = np.full((d, d), np.nan)
+    else:
+        cholesky = jnp.linalg.cholesky(matrix)
     if not_jax_tracer(cholesky) and not np.all(np.isfinite(np.asarray(cholesky))):
         low = float(np.linalg.eigvalsh(np.asarray(matrix, np.float64))[0])
         raise ValueError(
@@ -604,11 +612,15 @@ def masked_inverse(S, mask):
     return Dense(out)
 
 
-def apply_rows(S, rows):
-    """``(K, d)``: ``S v_k`` for every row ``v_k`` of ``rows`` ``(K, d)``."""
+def apply_rows(S, rows) -> np.ndarray:
+    """``(K, d)``: ``S v_k`` for every row ``v_k`` of ``rows`` ``(K, d)``, on the host in
+    float64 (probes and starting points, made without a compiled program)."""
+    rows = np.asarray(rows, np.float64)
+    if isinstance(S, Identity):
+        return rows
     if isinstance(S, Diagonal):
-        return rows * S.values
-    return rows @ S.matrix.T
+        return rows * np.asarray(S.values, np.float64)
+    return rows @ np.asarray(S.matrix, np.float64).T
 
 
 def principal_axes(S, count: int) -> list:

@@ -46,6 +46,7 @@ from numpyro.infer.initialization import (
 from numpyro.infer.util import constrain_fn, potential_energy
 from numpyro.util import is_prng_key, not_jax_tracer
 
+from numpyro_sgmc import host
 from numpyro_sgmc.data import validation
 from numpyro_sgmc.data.first_trace import check_sites, declared_plates, first_trace
 from numpyro_sgmc.data.subsample import (
@@ -130,19 +131,27 @@ class Layout(NamedTuple):
         return self.sites[-1][2] if self.sites else 0
 
     def ravel(self, tree: dict):
-        """The flat ``(..., d)`` vector of a dict of site values (leading axes kept)."""
+        """The flat ``(..., d)`` vector of a dict of site values (leading axes kept); concrete
+        values are raveled on the host (each eager reshape or concatenation compiles)."""
+        values = [tree[name] for name, *_ in self.sites]
+        xp = jnp if any(isinstance(v, jax.core.Tracer) for v in values) else np
         parts = []
-        for name, start, stop, shape in self.sites:
-            value = jnp.asarray(tree[name])
+        for value, (_, start, stop, shape) in zip(values, self.sites, strict=True):
+            value = xp.asarray(value)
             lead = value.shape[: value.ndim - len(shape)]
-            parts.append(jnp.reshape(value, lead + (stop - start,)))
-        return jnp.concatenate(parts, axis=-1)
+            parts.append(xp.reshape(value, lead + (stop - start,)))
+        flat = xp.concatenate(parts, axis=-1)
+        return flat if xp is jnp else host.device_array(flat)
 
     def unravel(self, flat) -> dict:
-        """Site name -> array for a flat ``(..., d)`` vector."""
-        lead = jnp.shape(flat)[:-1]
+        """Site name -> array for a flat ``(..., d)`` vector (a concrete one split on the
+        host)."""
+        traced = isinstance(flat, jax.core.Tracer)
+        xp, put = (jnp, lambda v: v) if traced else (np, host.device_array)
+        flat = xp.asarray(flat)
+        lead = flat.shape[:-1]
         return {
-            name: jnp.reshape(flat[..., start:stop], lead + shape)
+            name: put(xp.reshape(flat[..., start:stop], lead + shape))
             for name, start, stop, shape in self.sites
         }
 
@@ -303,14 +312,14 @@ def prepare_model(
     model_args = tuple(model_args)
     validation.check_types(model, model_args, model_kwargs)
     batched = not is_prng_key(rng_key)  # one key per chain
-    trace_key = rng_key[0] if batched else rng_key
+    trace_key = host.unstack_keys(rng_key)[0] if batched else rng_key
     model_trace, subsampled = first_trace(model, trace_key, model_args, model_kwargs)
     plates = _batch_sizes(declared_plates(model_trace), batch_size)
     check_sites(model_trace, plates)
     validation.check_finite_data(model, model_args, model_kwargs)
     spec = ModelSpec(model, plates)
     init_params = _initialize(rng_key, model, plates, model_args, model_kwargs, init_strategy)
-    one = jax.tree.map(lambda v: v[0], init_params) if batched else init_params
+    one = host.take(init_params) if batched else init_params
     indexed = [p.name for p in plates if p.name not in subsampled]
     if indexed:
         _check_indexing(spec, one, model_args, model_kwargs, indexed)
@@ -339,18 +348,17 @@ def _initialize(rng_key, model, plates, model_args, model_kwargs, init_strategy)
     call). A random strategy gets ten draws per key."""
     spec = ModelSpec(model, plates)
     batched = not is_prng_key(rng_key)
-    keys = rng_key if batched else rng_key[None]
+    keys = rng_key if batched else host.key_batch(rng_key)
     arrays, structure = split_args(model_args, model_kwargs)
     # init_to_mean is undefined for a Cauchy prior (NaN); the median and zeros are not
     strategies = (init_strategy, init_to_mean, init_to_median, init_to_uniform(radius=0.0))
     for strategy in strategies:
         for attempt in range(10):
-            attempt_keys = jax.vmap(lambda k, a=attempt: jax.random.fold_in(k, a))(keys)
             shell, values = _split_values(strategy)
-            z, finite = _start(spec, structure, shell, attempt_keys, arrays, values)
+            z, finite = _start(spec, structure, shell, keys, np.int32(attempt), arrays, values)
             traced = not not_jax_tracer(finite)  # keys traced by MCMC's pmap: no retry
             if traced or bool(np.all(np.asarray(finite))):
-                return z if batched else jax.tree.map(lambda v: v[0], z)
+                return z if batched else host.take(z)
             if not _is_random(strategy):
                 break
     raise RuntimeError(
@@ -381,10 +389,11 @@ def _split_values(strategy) -> tuple:
 
 
 @partial(jax.jit, static_argnames=("spec", "structure", "strategy"))
-def _start(spec, structure, strategy, keys, arrays, values=None):
-    """``(z, finite)`` per key: the strategy's unconstrained point, and whether the potential
-    and its gradient are finite there (a NaN from an undefined prior mean counts as not).
-    ``values``: those of ``strategy = init_to_value`` (:func:`_split_values`)."""
+def _start(spec, structure, strategy, keys, attempt, arrays, values=None):
+    """``(z, finite)`` per key (folded with the ``attempt`` number): the strategy's
+    unconstrained point, and whether the potential and its gradient are finite there (a NaN
+    from an undefined prior mean counts as not). ``values``: those of
+    ``strategy = init_to_value`` (:func:`_split_values`)."""
     if values is not None:
         strategy = partial(init_to_value, values=values)
     args, kwargs = structure.rebuild(arrays)
@@ -392,6 +401,7 @@ def _start(spec, structure, strategy, keys, arrays, values=None):
     batch = first_batch(spec.plates)
 
     def one(key):
+        key = jax.random.fold_in(key, attempt)
         with numpyro.validation_enabled(False):
             model_trace = trace(
                 handlers.substitute(seed(indexed, key), substitute_fn=_as_jax(strategy))

@@ -24,13 +24,12 @@ from jax import random
 from numpyro_sgmc.data.gradients import minibatch
 from numpyro_sgmc.data.model import potential, split_args
 from numpyro_sgmc.data.subsample import Batch
+from numpyro_sgmc.host import device_array, host_rng
 
 __all__ = [
     "MARGIN",
     "Curvature",
     "curvature",
-    "host_rng",
-    "key_seed",
     "largest_eigenvalue",
     "random_rows",
 ]
@@ -40,28 +39,14 @@ MARGIN = 1.1
 shortfall and the rows' noise."""
 
 
-def key_seed(rng_key) -> list:
-    """The integers of a JAX PRNG key (typed or raw), as a NumPy seed."""
-    if jnp.issubdtype(jnp.asarray(rng_key).dtype, jax.dtypes.prng_key):
-        rng_key = random.key_data(rng_key)
-    return [int(v) for v in np.asarray(rng_key).ravel()]
-
-
-def host_rng(rng_key, *tags: int) -> np.random.Generator:
-    """A NumPy generator determined by ``rng_key`` and ``tags``: the row choices and probes of
-    the tuner are drawn on the host (they are index and probe arrays passed to compiled
-    functions), reproducibly for a key and without a compiled op per draw."""
-    return np.random.default_rng(key_seed(rng_key) + [int(t) for t in tags])
-
-
 def random_rows(rng: np.random.Generator, plates, num_rows: int) -> Batch:
     """About ``num_rows`` uniform random rows (with replacement), split over the plates in
     proportion to their sizes, at least one per plate."""
     n = sum(p.size for p in plates)
     return Batch(
         {
-            p.name: jnp.asarray(
-                rng.integers(0, p.size, max(1, min(p.size, num_rows * p.size // n))), jnp.int32
+            p.name: device_array(
+                rng.integers(0, p.size, max(1, min(p.size, num_rows * p.size // n))), np.int32
             )
             for p in plates
         }
@@ -120,13 +105,13 @@ def largest_eigenvalue(
     batch = random_rows(rng, spec.plates, num_rows)
     arrays, structure = split_args(model_args, model_kwargs)
     flat = layout.ravel(position)
-    v = jnp.asarray(rng.standard_normal(flat.shape), flat.dtype)
+    v = device_array(rng.standard_normal(flat.shape), flat.dtype)
     run = partial(
         _power, spec, structure, layout, bool(inverse), int(iterations), scale, position, batch, v
     )
-    value = float(run(jnp.zeros((), flat.dtype), arrays))
+    value = float(run(device_array(0.0, flat.dtype), arrays))
     if positive and value < 0:
-        value = float(run(jnp.asarray(value, flat.dtype), arrays))
+        value = float(run(device_array(value, flat.dtype), arrays))
     return MARGIN * value
 
 

@@ -36,6 +36,7 @@ from jax import random
 from numpyro.distributions.transforms import IdentityTransform, IndependentTransform
 from numpyro.infer.initialization import init_to_uniform
 
+from numpyro_sgmc import host, scales
 from numpyro_sgmc.data import sharding
 from numpyro_sgmc.data.batches import BATCH_SAMPLING
 from numpyro_sgmc.data.gradients import control_variates, full_data_gradient, minibatch
@@ -147,20 +148,28 @@ class Tuned(NamedTuple):
             )
 
     def draws(self, rng_key, layout, batched: bool):
-        """Starting positions drawn from the predicted law, one per key."""
+        """Starting positions drawn from the predicted law, one per key (on the host, from
+        each key's own NumPy stream; traced keys, a ``pmap`` over chains, in JAX)."""
         mean = jnp.asarray(self.mean)
         root = self.covariance.sqrt()
-        root = jax.tree.map(lambda a: jnp.asarray(a, mean.dtype), root)
+        if isinstance(rng_key, jax.core.Tracer):
+            root = jax.tree.map(lambda a: jnp.asarray(a, mean.dtype), root)
 
-        def one(key):
-            return layout.unravel(mean + root.apply(random.normal(key, mean.shape, mean.dtype)))
+            def one(key):
+                xi = random.normal(key, mean.shape, mean.dtype)
+                return layout.unravel(mean + root.apply(xi))
 
-        return jax.vmap(one)(rng_key) if batched else one(rng_key)
+            return jax.vmap(one)(rng_key) if batched else one(rng_key)
+        keys = host.unstack_keys(rng_key) if batched else [rng_key]
+        xi = np.stack([host.host_rng(k).standard_normal(mean.shape) for k in keys])
+        flat = np.asarray(mean, np.float64) + scales.apply_rows(root, xi)
+        flat = flat.astype(mean.dtype)
+        return layout.unravel(flat if batched else flat[0])
 
     def centre(self, layout, num_chains: Optional[int]):
         """The control-variate centre: the mode, for every chain."""
-        mean = jnp.asarray(self.mean)
-        mean = mean if num_chains is None else jnp.broadcast_to(mean, (num_chains,) + mean.shape)
+        mean = np.asarray(self.mean)
+        mean = mean if num_chains is None else np.broadcast_to(mean, (num_chains,) + mean.shape)
         return layout.unravel(mean)
 
 

@@ -17,6 +17,7 @@ import jax
 from jax import random
 from numpyro.util import is_prng_key, not_jax_tracer
 
+from numpyro_sgmc import host
 from numpyro_sgmc.data import sharding
 from numpyro_sgmc.data.model import prepare_model, split_args
 from numpyro_sgmc.kernels import auto_step, checks
@@ -61,11 +62,13 @@ def start(recipe: Recipe, model, rng_key, num_warmup, init_params, model_args, m
             "SGLDFP, or control_variates=True)."
         )
     batched = not is_prng_key(rng_key)
-    if batched:
+    if batched and not not_jax_tracer(rng_key):  # a pmap over chains
         keys = jax.vmap(partial(random.split, num=3))(rng_key)
         rng_key, key_init, key_check = keys[:, 0], keys[:, 1], keys[:, 2]
+    elif batched:
+        rng_key, key_init, key_check = host.split_batch(rng_key, 3)
     else:
-        rng_key, key_init, key_check = random.split(rng_key, 3)
+        rng_key, key_init, key_check = host.split_key(rng_key, 3)
     sharding.data_layout(model_args, model_kwargs)  # layout errors before the model is traced
     prepared = prepare_model(
         key_init, model, model_args, model_kwargs, options.batch_size, options.init_strategy
@@ -75,8 +78,8 @@ def start(recipe: Recipe, model, rng_key, num_warmup, init_params, model_args, m
         tuned.check(prepared.plates, name)
     z, centre = _starts(recipe, prepared, chain_init, key_init, batched)
     checks.check_position(z, prepared.init_params, batched)
-    first = jax.tree.map(lambda v: v[0], z) if batched else z
-    key = key_check[0] if batched else key_check
+    first = host.take(z) if batched else z
+    key = host.unstack_keys(key_check)[0] if batched else key_check
     data = (model_args, model_kwargs)
     if shards is not None:
         sharding.check_shard_evaluation(shards, prepared.spec, first, key, *data)

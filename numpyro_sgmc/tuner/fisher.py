@@ -30,7 +30,7 @@ from typing import Callable, NamedTuple, Optional
 import jax.numpy as jnp
 import numpy as np
 
-from numpyro_sgmc import scales
+from numpyro_sgmc import host, scales
 from numpyro_sgmc.data.model import Layout, num_data, prepare_model, split_args
 from numpyro_sgmc.scales import Dense, Diagonal
 from numpyro_sgmc.theory.linear import GradientNoise
@@ -294,7 +294,7 @@ def information_of(
     probes = None
     if kind == "diagonal":
         signs = Stream.HUTCHINSON_PROBES.rng(rng_key).integers(0, 2, (int(num_probes), d))
-        probes = jnp.asarray(2 * signs - 1, dtype)
+        probes = host.device_array(2 * signs - 1, dtype)
     global_grad, global_curv = global_terms(spec, structure, layout, kind, zf, probes, arrays)
     global_grad, global_curv = (np.asarray(x, np.float64) for x in (global_grad, global_curv))
     _check_finite([global_grad, global_curv], "the prior / global terms")
@@ -302,7 +302,7 @@ def information_of(
     for p in plates:
         full = rows[p.name] is None
         count = p.size if full else len(rows[p.name])
-        r = None if full else jnp.asarray(rows[p.name], jnp.int32)
+        r = None if full else host.device_array(rows[p.name], np.int32)
         sums[p.name] = plate_sums(
             spec, structure, layout, kind, p.name, count, full, int(chunk_size), zf, r, probes,
             arrays,
@@ -420,7 +420,7 @@ def control_variate_noise(prepared, rng_key, model_args, model_kwargs, params, c
     else:
         xi = Stream.CONTROL_VARIATE_PROBES.rng(rng_key).standard_normal((int(num_probes), d))
     # Σ^{1/2} ξ_k, NumPy float64: the probes are made on the host
-    deltas = jnp.asarray(np.asarray(scales.apply_rows(covariance.sqrt(), xi)), dtype)
+    deltas = host.device_array(scales.apply_rows(covariance.sqrt(), xi), dtype)
     arrays, structure = split_args(model_args, model_kwargs)
     rows = choose_rows(plates, min(int(num_rows), spec.num_data), rng_key)
     wrap = Dense if kind == "dense" else Diagonal
@@ -428,7 +428,15 @@ def control_variate_noise(prepared, rng_key, model_args, model_kwargs, params, c
     for p in plates:
         r = np.arange(p.size) if rows[p.name] is None else rows[p.name]
         spread = probe_spread(
-            spec, structure, layout, kind, p.name, zf, deltas, jnp.asarray(r, jnp.int32), arrays
+            spec,
+            structure,
+            layout,
+            kind,
+            p.name,
+            zf,
+            deltas,
+            host.device_array(r, np.int32),
+            arrays,
         )
         _check_finite([spread], f"the control-variate noise of plate '{p.name}'")
         out[p.name] = wrap(0.5 * (spread + spread.T) if kind == "dense" else spread)

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from numpyro_sgmc import scales
+from numpyro_sgmc import host, scales
 from numpyro_sgmc.data.gradients import exact_gradient
 from numpyro_sgmc.data.model import SubsampledModel, potential, split_args
 from numpyro_sgmc.data.subsample import Batch
@@ -142,7 +142,7 @@ def fit(problem: Problem, warm, weights) -> Fit:
         visited += info.num_rows
         return info
 
-    gradient = jax.tree.map(lambda v: v[warm.best], warm.gradient)
+    gradient = host.take(warm.gradient, warm.best)
     mode, distance, passes, info = newton_polish(problem, warm.member(warm.best), gradient, info_at)
     if info is None or info.regularization > 0 or options.regularize is not None:
         info = info_at(mode)  # the curvature at the mode, with the user's regularisation
@@ -264,16 +264,17 @@ def correlations(problem, mode, info, max_rows=CORRELATION_ROWS, num_probes=PROB
         chosen = choose_rows(spec.plates, info.num_rows if info.num_rows < n else None,
                              problem.rng_key)  # fmt: skip
         batch = Batch({
-            p.name: jnp.asarray(np.arange(p.size) if chosen[p.name] is None else chosen[p.name],
-                                jnp.int32)
+            p.name: host.device_array(
+                np.arange(p.size) if chosen[p.name] is None else chosen[p.name], np.int32
+            )
             for p in spec.plates
         })  # fmt: skip
     else:
         batch = random_rows(rng, spec.plates, max_rows)  # the same stream, after the probes
     arrays, structure = split_args(problem.model_args, problem.model_kwargs)
     x, _ = _preconditioned_solves(
-        spec, structure, layout, int(iterations), zf, jnp.asarray(diag, zf.dtype),
-        jnp.asarray(probes, zf.dtype), batch, arrays,
+        spec, structure, layout, int(iterations), zf, host.device_array(diag, zf.dtype),
+        host.device_array(probes, zf.dtype), batch, arrays,
     )  # fmt: skip
     x = np.asarray(x, np.float64)
     cross = x * probes * np.sqrt(diag)  # per probe: D_jj (H⁻¹)_jj, unbiased
@@ -390,8 +391,9 @@ def _newton_direction(problem, x, g, J, num_rows, fallback, dtype, iterations=10
     rows = sample_rows(Stream.NEWTON_ROWS, problem.rng_key, spec.plates, min(num_rows, NEWTON_ROWS))
     arrays, structure = split_args(problem.model_args, problem.model_kwargs)
     step, residual = _preconditioned_solves(
-        spec, structure, layout, int(iterations), jnp.asarray(x, dtype), jnp.asarray(diag, dtype),
-        jnp.asarray((n * g / np.sqrt(diag))[None], dtype), rows, arrays,
+        spec, structure, layout, int(iterations), host.device_array(x, dtype),
+        host.device_array(diag, dtype), host.device_array((n * g / np.sqrt(diag))[None], dtype),
+        rows, arrays,
     )  # fmt: skip
     step = np.asarray(step[0], np.float64)
     if not np.all(np.isfinite(step)) or float(residual[0]) > 1e-2 or float(g @ step) <= 0:
@@ -400,7 +402,7 @@ def _newton_direction(problem, x, g, J, num_rows, fallback, dtype, iterations=10
 
 
 def _point(layout, x, dtype) -> dict:
-    return layout.unravel(jnp.asarray(x, dtype))
+    return layout.unravel(host.device_array(x, dtype))
 
 
 def _line_search(problem, x, step, u, halvings=12):
@@ -411,7 +413,7 @@ def _line_search(problem, x, step, u, halvings=12):
     dtype = layout.ravel(prepared.init_params).dtype
     slack = 1e-5 * abs(u) + 1e-3  # the float32 rounding of a sum of n terms, and then some
     for k in range(halvings):
-        z = layout.unravel(jnp.asarray(x + step, dtype))
+        z = layout.unravel(host.device_array(x + step, dtype))
         value, g = exact_gradient(prepared.spec, z, problem.model_args, problem.model_kwargs)
         value, g = float(value), np.asarray(layout.ravel(g), np.float64)
         if math.isfinite(value) and np.all(np.isfinite(g)) and value <= u + slack:
@@ -504,7 +506,7 @@ def linearity(problem, mode, target, num_rows=LINEARITY_ROWS) -> list:
     deltas = np.concatenate([np.outer(steps * s, v) for v, s in zip(directions, sd, strict=True)])
     basis = np.stack(directions, axis=1) * sd
     _, full = exact_gradient(spec, mode, problem.model_args, problem.model_kwargs)
-    full = -n * layout.ravel(full)  # ∇U = -n ĝ
+    full = host.device_array(-n * np.asarray(layout.ravel(full)))  # ∇U = -n ĝ
     arrays, structure = split_args(problem.model_args, problem.model_kwargs)
     batch = sample_rows(Stream.LINEARITY_ROWS, problem.rng_key, spec.plates, num_rows)
     rises, H0, H = (
@@ -514,8 +516,8 @@ def linearity(problem, mode, target, num_rows=LINEARITY_ROWS) -> list:
             structure,
             layout,
             zf,
-            jnp.asarray(deltas, zf.dtype),
-            jnp.asarray(basis, zf.dtype),
+            host.device_array(deltas, zf.dtype),
+            host.device_array(basis, zf.dtype),
             batch,
             full,
             arrays,

@@ -11,7 +11,7 @@ Every part of the tuner that visits data rows or draws probes takes them from he
 * **random streams** (:class:`Stream`): each part draws its rows and probes on the host from its
   own named stream of a key, so that no two parts share draws.
 
-The host generators are :func:`~numpyro_sgmc.kernels.curvature.host_rng`'s (the kernels' step
+The host generators are :func:`~numpyro_sgmc.host.host_rng`'s (the kernels' step
 checks use the same helper on their own keys).
 """
 
@@ -23,7 +23,8 @@ import numpy as np
 
 from numpyro_sgmc.data.model import num_data
 from numpyro_sgmc.data.subsample import Batch
-from numpyro_sgmc.kernels.curvature import host_rng, random_rows
+from numpyro_sgmc.host import host_rng
+from numpyro_sgmc.kernels.curvature import random_rows
 
 __all__ = [
     "CONTROL_VARIATE_ROWS",

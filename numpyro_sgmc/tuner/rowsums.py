@@ -29,6 +29,7 @@ from jax import lax
 
 from numpyro_sgmc.data.model import potential
 from numpyro_sgmc.data.subsample import Batch
+from numpyro_sgmc.host import device_array
 
 __all__ = ["PlateSums", "fisher_diagonal", "global_terms", "plate_sums", "probe_spread"]
 
@@ -217,6 +218,6 @@ def probe_spread(spec, structure, layout, kind, name, zf, deltas, rows, arrays) 
     per-datum-Hessian noise that control variates leave, ``M(Σ) = (1/n)Σ_i H_iΣH_i - H̄ΣH̄`` of
     ``docs/theory.md`` §3 when the gradient is linear over the probes, and the exact noise of
     the estimate at those points when it is not. ``(d, d)``, or its diagonal."""
-    weights = jnp.ones(rows.shape[0], zf.dtype)
+    weights = device_array(np.ones(rows.shape[0]), zf.dtype)
     out = _spread(spec, structure, layout, kind, name, zf, deltas, rows, weights, arrays)
     return np.asarray(out, np.float64)

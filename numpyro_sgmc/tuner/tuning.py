@@ -43,10 +43,9 @@ from typing import Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import random
 from numpyro.infer.initialization import init_to_mean, init_to_value
 
-from numpyro_sgmc import scales, theory
+from numpyro_sgmc import host, scales, theory
 from numpyro_sgmc.data import validation
 from numpyro_sgmc.data.model import Layout, constrain, constrained, prepare_model, split_args
 from numpyro_sgmc.kernels import SGD, SGLD, SGLDFP
@@ -161,9 +160,9 @@ def autotune(
         init_strategy, init_params,
     ).check()  # fmt: skip
     model_args, model_kwargs = validation.as_arrays(model, model_args, model_kwargs)
-    key_prepare, key_warm, key_info = random.split(rng_key, 3)
+    key_prepare, key_warm, key_info = host.split_key(rng_key, 3)
     prepared = prepare_model(
-        random.split(key_prepare, options.num_restarts),
+        host.key_batch(key_prepare, options.num_restarts),
         model,
         model_args,
         model_kwargs,

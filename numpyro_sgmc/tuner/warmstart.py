@@ -39,6 +39,7 @@ import optax
 from jax import lax, random
 from numpyro.infer.initialization import init_to_uniform
 
+from numpyro_sgmc import host
 from numpyro_sgmc.data import validation
 from numpyro_sgmc.data.batches import batch_sampler
 from numpyro_sgmc.data.gradients import full_data_gradient
@@ -105,7 +106,7 @@ class WarmStart(NamedTuple):
 
     def member(self, k: int) -> dict:
         """The unconstrained mode of restart ``k`` (no leading axis)."""
-        return jax.tree.map(lambda v: v[k], self.params)
+        return host.take(self.params, k)
 
     def __str__(self) -> str:
         lines = [
@@ -255,21 +256,21 @@ def _scales(prepared, rng_key, model_args, model_kwargs, z0, num_rows=WARM_START
     probes = None
     if not dense:
         signs = Stream.WARM_START_PROBES.rng(rng_key).integers(0, 2, (PROBES, layout.size))
-        probes = jnp.asarray(2 * signs - 1)
+        probes = host.device_array(2 * signs - 1, z0.dtype)
     out = []
     for zf in np.asarray(z0):
-        zf = jnp.asarray(zf)
+        zf = host.device_array(zf)
         fisher = np.asarray(fisher_diagonal(spec, structure, layout, zf, rows, arrays))
         kind = "dense" if dense else "diagonal"
         _, prior = global_terms(
-            spec, structure, layout, kind, zf, None if dense else probes.astype(zf.dtype), arrays
+            spec, structure, layout, kind, zf, probes, arrays
         )
         prior = np.diag(np.asarray(prior)) if dense else np.asarray(prior).mean(axis=0)
         curvature = fisher + np.maximum(prior, 0.0) / spec.num_data
         positive = curvature[curvature > 0]
         floor = 1e-12 * (positive.max() if positive.size else 1.0)
         out.append(np.where(curvature > floor, 1.0 / np.sqrt(np.maximum(curvature, floor)), 1.0))
-    return jnp.asarray(np.stack(out), z0.dtype)
+    return host.device_array(np.stack(out), z0.dtype)
 
 
 def warm_start(
@@ -327,9 +328,9 @@ def warm_start(
     tol = validation.positive_number("tol", tol, allow_none=True)
     num_check_rows = validation.positive_int("num_check_rows", num_check_rows)
     chunk_size = validation.positive_int("chunk_size", chunk_size)
-    key_init, key_run = random.split(rng_key)
+    key_init, key_run = host.split_key(rng_key, 2)
     prepared = prepare_model(
-        random.split(key_init, num_restarts),
+        host.key_batch(key_init, num_restarts),
         model,
         model_args,
         model_kwargs,
@@ -375,12 +376,12 @@ def warm_start_of(
         if init_params is None
         else _restart_axis(init_params, prepared.init_params, num_restarts)
     )
-    key_run, key_check, key_scale = random.split(rng_key, 3)
+    key_run, key_check, key_scale = host.split_key(rng_key, 3)
     arrays, structure = split_args(model_args, model_kwargs)
     z0f = layout.ravel(z0)
     scale = _scales(prepared, key_scale, model_args, model_kwargs, z0f) if rescale else None
-    scale = jnp.ones_like(z0f) if scale is None else scale
-    keys = random.split(key_run, num_restarts)
+    scale = host.device_array(np.ones(z0f.shape), z0f.dtype) if scale is None else scale
+    keys = host.key_batch(key_run, num_restarts)
     rate = float(learning_rate)
     for _ in range(3 if rescale else 1):
         z, gradient, last_grad, mu, nu, losses = _optimise(
@@ -406,19 +407,19 @@ def warm_start_of(
     distance = np.full(num_restarts, np.nan)
     d = prepared.layout.size
     if check:
-        one = prepared._replace(init_params=jax.tree.map(lambda v: v[0], prepared.init_params))
+        one = prepared._replace(init_params=host.take(prepared.init_params))
         for k in range(num_restarts):
             info = information_of(
                 one,
-                random.fold_in(key_check, k),
+                host.split_key(key_check, 1, k)[0],
                 model_args,
                 model_kwargs,
-                jax.tree.map(lambda v, k=k: v[k], z),
+                host.take(z, k),
                 num_rows=min(num_check_rows, n),
                 kind="dense" if d <= DENSE_MAX_DIM else "diagonal",
                 regularize="auto",
             )
-            g = np.asarray(prepared.layout.ravel(jax.tree.map(lambda v, k=k: v[k], gradient)))
+            g = np.asarray(prepared.layout.ravel(gradient))[k]
             step = np.asarray(info.potential_curvature.solve(g.astype(np.float64)))
             distance[k] = float(np.sqrt(max(n * float(g @ step), 0.0)))
     tol = max(3.0, 2.0 * math.sqrt(d)) if tol is None else tol

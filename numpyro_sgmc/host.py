@@ -1,0 +1,122 @@
+"""Values made on the host for compiled functions, without a compiled program of their own.
+
+JAX compiles every eager operation once per shape: a key split, an ``astype``, a ``jnp.ones``
+or ``x[0]`` each costs a small XLA program (0.02–0.25 s on 2 cores) in a first call, and a
+tuner's prelude made of them cost seconds. Here the same values are made with NumPy and
+moved to the device with ``jax.device_put``, which compiles nothing (``jnp.asarray`` of a
+NumPy array compiles a ``stage`` program per shape), nor does
+:func:`jax.random.wrap_key_data`. Row choices, probes and keys drawn on the host are
+reproducible for a key on every machine, as NumPy's generators are.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import random
+
+__all__ = [
+    "device_array",
+    "host_rng",
+    "key_batch",
+    "key_seed",
+    "split_batch",
+    "split_key",
+    "take",
+    "unstack_keys",
+]
+
+
+def key_seed(rng_key) -> list:
+    """The integers of a JAX PRNG key (typed or raw), as a NumPy seed."""
+    return [int(v) for v in _words(rng_key).ravel()]
+
+
+def host_rng(rng_key, *tags: int) -> np.random.Generator:
+    """A NumPy generator determined by ``rng_key`` and ``tags``: the row choices and probes of
+    the tuner are drawn on the host (they are index and probe arrays passed to compiled
+    functions), reproducibly for a key and without a compiled op per draw."""
+    return np.random.default_rng(key_seed(rng_key) + [int(t) for t in tags])
+
+
+def split_key(rng_key, num: int, *tags: int) -> list:
+    """``num`` independent keys from ``rng_key`` (and ``tags``), as a list of single keys.
+
+    Drawn by NumPy's generator from the key's integers (its ``SeedSequence`` hashes them, so
+    nearby keys give unrelated streams) and wrapped as keys like ``rng_key`` (typed, of its
+    implementation, or raw): unlike :func:`jax.random.split` and indexing its result, nothing
+    compiles.
+    """
+    raw = _words(rng_key)
+    words = host_rng(rng_key, 0x5EED, *tags).integers(0, 2**32, (num,) + raw.shape, np.uint32)
+    return [_wrap(w, rng_key) for w in words]
+
+
+def split_batch(keys, num: int) -> list:
+    """:func:`split_key` of every key of a batch: ``num`` batches of keys of its shape, batch
+    ``j`` holding each key's ``j``-th (the keys of chains, split alike)."""
+    words = np.stack([_words(k) for key in unstack_keys(keys) for k in split_key(key, num)])
+    words = words.reshape((-1, num) + words.shape[1:])
+    return [_wrap(words[:, j], keys) for j in range(num)]
+
+
+def key_batch(rng_key, num: int = 0):
+    """``split_key``'s keys as one batch (shape ``(num,)``); with ``num = 0``, ``rng_key``
+    itself as a batch of one (``rng_key[None]`` compiles a program)."""
+    if isinstance(rng_key, jax.core.Tracer):
+        return rng_key[None]
+    raw = _words(rng_key)
+    if num == 0:
+        return _wrap(raw[None], rng_key)
+    words = host_rng(rng_key, 0x5EED).integers(0, 2**32, (num,) + raw.shape, np.uint32)
+    return _wrap(words, rng_key)
+
+
+def unstack_keys(keys) -> list:
+    """The keys of a batch of keys, as a list of single keys: indexing the batch (``keys[0]``)
+    compiles a ``dynamic_slice`` and a ``squeeze``."""
+    if isinstance(keys, jax.core.Tracer):  # a pmap over chains: sliced in its trace
+        return list(keys)
+    return [_wrap(w, keys) for w in _words(keys)]
+
+
+def take(tree, index: int = 0):
+    """Member ``index`` of every leaf's leading axis, sliced on the host (``v[0]`` of a device
+    array compiles two programs); traced leaves are sliced as they are."""
+
+    def member(v):
+        if isinstance(v, jax.core.Tracer):
+            return v[index]
+        return jax.device_put(np.asarray(v)[index])
+
+    return jax.tree.map(member, tree)
+
+
+def device_array(x, dtype=None) -> jax.Array:
+    """``jnp.asarray(x, dtype)`` without its program: ``x`` as a device array of ``dtype``
+    (JAX's canonical one: float32 and int32 unless float64 is enabled), converted by NumPy on
+    the host (``jnp.asarray`` compiles a ``stage`` or ``convert_element_type`` program per
+    shape). A device array of that dtype is returned as it is, a traced one converted."""
+    dtype = None if dtype is None else jax.dtypes.canonicalize_dtype(dtype)
+    if isinstance(x, jax.core.Tracer):
+        return jnp.asarray(x, dtype)
+    if isinstance(x, jax.Array) and (dtype is None or x.dtype == dtype):
+        return x
+    return jax.device_put(np.asarray(x, dtype=dtype))
+
+
+def _typed(keys) -> bool:
+    return jnp.issubdtype(keys.dtype, jax.dtypes.prng_key)
+
+
+def _words(keys) -> np.ndarray:
+    """The key data (``uint32``, the implementation's words last) of typed or raw keys."""
+    return np.asarray(random.key_data(keys) if _typed(keys) else keys)
+
+
+def _wrap(words, like):
+    """``words`` as keys like ``like``: typed of its implementation, or raw."""
+    if _typed(like):
+        return random.wrap_key_data(words, impl=random.key_impl(like))
+    return jax.device_put(words)
