@@ -20,6 +20,7 @@ from typing import Any, NamedTuple, Optional
 import jax.numpy as jnp
 from numpyro.infer.initialization import init_to_uniform
 
+from numpyro_sgmc.host import device_array
 from numpyro_sgmc.kernels import family
 from numpyro_sgmc.kernels.adaptation import iterate_average
 from numpyro_sgmc.kernels.auto_step import auto_spec
@@ -177,7 +178,7 @@ def _chain_params(dynamics: LangevinDynamics, prepared, position, chain_init, wh
     role = ("ChainInit." if own else "") + "noise_preconditioner" + where
     lam = gamma if spec is None else prepare(spec, position, role)
     dtype = jnp.result_type(*[jnp.asarray(v) for v in position.values()])
-    return LangevinParams(jnp.asarray(step_size, dtype), gamma, lam)
+    return LangevinParams(device_array(step_size, dtype), gamma, lam)
 
 
 LANGEVIN_FAMILY = family.Family(
