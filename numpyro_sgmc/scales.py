@@ -35,7 +35,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import scipy.linalg
-from jax.flatten_util import ravel_pytree
 from numpyro.util import not_jax_tracer
 
 from numpyro_sgmc.host import device_array
@@ -350,8 +349,9 @@ def prepare(spec, position: dict, role: str = "preconditioner", allow_zero: bool
         return Identity()
     if isinstance(spec, Identity):
         return spec
-    flat, _ = ravel_pytree(position)
-    d, dtype = int(flat.shape[0]), flat.dtype
+    leaves = jax.tree.leaves(position)  # d and the dtype, without raveling (an eager program)
+    d = sum(int(np.prod(np.shape(v))) for v in leaves)
+    dtype = jnp.result_type(*leaves) if leaves else jnp.result_type(float)
     if isinstance(spec, Diagonal):
         values = _flat_diagonal(spec.values, position, role)
         values = device_array(values, dtype)
@@ -407,8 +407,10 @@ def _first_bad(arr, allow_zero) -> int:
 def _flat_diagonal(values, position: dict, role: str):
     """Per-site diagonal values (dict) or a flat array -> the flat ``(d,)`` array."""
     d = sum(int(np.prod(np.shape(v))) for v in position.values())
+    # concrete values are put together on the host (each eager op would compile)
+    xp = jnp if any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(values)) else np
     if not isinstance(values, dict):
-        arr = jnp.asarray(values)
+        arr = xp.asarray(values)
         if arr.shape != (d,):
             raise ValueError(
                 f"{role}: a flat Diagonal has shape {tuple(arr.shape)}; the model has d = {d} "
@@ -424,16 +426,16 @@ def _flat_diagonal(values, position: dict, role: str):
     parts = []
     for name in sorted(position):
         shape = jnp.shape(position[name])
-        value = jnp.asarray(values[name])
+        value = xp.asarray(values[name])
         try:
-            value = jnp.broadcast_to(value, shape)
+            value = xp.broadcast_to(value, shape)
         except ValueError:
             raise ValueError(
                 f"{role}: scale for site '{name}' has shape {tuple(value.shape)}, which does "
                 f"not broadcast to the site's unconstrained shape {tuple(shape)}."
             ) from None
-        parts.append(jnp.ravel(value))
-    return jnp.concatenate(parts) if parts else jnp.zeros(0)
+        parts.append(xp.ravel(value))
+    return xp.concatenate(parts) if parts else xp.zeros(0)
 
 
 # ---- NumPy linear algebra on scales (float64) -----------------------------------------------

@@ -262,9 +262,7 @@ def _scales(prepared, rng_key, model_args, model_kwargs, z0, num_rows=WARM_START
         zf = host.device_array(zf)
         fisher = np.asarray(fisher_diagonal(spec, structure, layout, zf, rows, arrays))
         kind = "dense" if dense else "diagonal"
-        _, prior = global_terms(
-            spec, structure, layout, kind, zf, probes, arrays
-        )
+        _, prior = global_terms(spec, structure, layout, kind, zf, probes, arrays)
         prior = np.diag(np.asarray(prior)) if dense else np.asarray(prior).mean(axis=0)
         curvature = fisher + np.maximum(prior, 0.0) / spec.num_data
         positive = curvature[curvature > 0]
