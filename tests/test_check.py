@@ -27,8 +27,8 @@ def thin_category():
     return X, y
 
 
-def _check(X, y, **autotune_kwargs):
-    kernel, report = autotune(logistic_regression, jax.random.key(0), X, y, **autotune_kwargs)
+def _check(X, y, key=0, **autotune_kwargs):
+    kernel, report = autotune(logistic_regression, jax.random.key(key), X, y, **autotune_kwargs)
     mcmc = MCMC(kernel, num_warmup=20, num_samples=report.draws_for(ess=500), num_chains=2,
                 chain_method="vectorized", progress_bar=False)  # fmt: skip
     mcmc.run(jax.random.key(1), X, y)
@@ -36,8 +36,11 @@ def _check(X, y, **autotune_kwargs):
 
 
 def test_a_prediction_known_to_tens_of_percent_cannot_pass(thin_category):
-    # 100 information rows hold about 2 of the rare category's: its sd is known to ~±50%
-    report, mcmc = _check(*thin_category, num_rows=100, tolerance=0.9)
+    # 100-200 information rows hold 2-4 of the rare category's: its sd is known to tens of
+    # percent. The tuner doubles the rows where its estimates ask for it, up to all of them
+    # for some keys; the rows are NumPy draws of the key, the same on every machine, and for
+    # this key it stops at 200 (an error of about 0.8)
+    report, mcmc = _check(*thin_category, key=2, num_rows=100, tolerance=0.9)
     assert report.prediction_error[2] > 0.2
     with pytest.warns(RunCheckWarning, match="check_run cannot check"):
         check = check_run(mcmc, report, print_table=False)

@@ -173,17 +173,22 @@ def _full_data_sums(
     value_and_grad = jax.value_and_grad(
         lambda z, batch: potential(spec, z, batch, model_args, model_kwargs)
     )
-    # the first chunk starts the sum: its types carry shard_map's varying axes, zeros do not
+
+    def body(acc, c):
+        return jax.tree.map(jnp.add, acc, value_and_grad(position, batch_of(c))), None
+
+    if axis_name is None:  # the scan starts from zeros: the model is lowered once
+        shapes = jax.eval_shape(value_and_grad, position, batch_of(0))
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+        total, _ = lax.scan(body, zeros, jnp.arange(num_chunks))
+        return total
+    # on a shard the first chunk starts the sum: its types carry shard_map's varying axes,
+    # zeros do not
     total = value_and_grad(position, batch_of(0))
     if num_chunks > 1:
-
-        def body(acc, c):
-            return jax.tree.map(jnp.add, acc, value_and_grad(position, batch_of(c))), None
-
         total, _ = lax.scan(body, total, jnp.arange(1, num_chunks))
-    if axis_name is not None:
-        total = lax.psum(total, axis_name)
-    return total
+    return lax.psum(total, axis_name)
+
 
 
 @partial(jax.jit, static_argnames=("spec", "structure", "chunk_size"))

@@ -109,6 +109,16 @@ class ModelSpec(NamedTuple):
         return self._replace(plates=_batch_sizes(self.plates, batch_size))
 
 
+_HOST_ELEMENTS = 2**20  # larger arrays (draws, say) are reshaped on the device: no round trip
+
+
+def _on_host(values) -> bool:
+    """Whether to reshape ``values`` with NumPy: concrete, and small."""
+    if any(isinstance(v, jax.core.Tracer) for v in values):
+        return False
+    return sum(int(np.size(v)) for v in values) <= _HOST_ELEMENTS
+
+
 class Layout(NamedTuple):
     """Order of the flattened unconstrained parameters: ``((site, start, stop, shape), ...)``,
     sites sorted by name, each raveled row-major (as :func:`jax.flatten_util.ravel_pytree`)."""
@@ -131,10 +141,10 @@ class Layout(NamedTuple):
         return self.sites[-1][2] if self.sites else 0
 
     def ravel(self, tree: dict):
-        """The flat ``(..., d)`` vector of a dict of site values (leading axes kept); concrete
-        values are raveled on the host (each eager reshape or concatenation compiles)."""
+        """The flat ``(..., d)`` vector of a dict of site values (leading axes kept); small
+        concrete values are raveled on the host (each eager reshape or concatenation compiles)."""
         values = [tree[name] for name, *_ in self.sites]
-        xp = jnp if any(isinstance(v, jax.core.Tracer) for v in values) else np
+        xp = np if _on_host(values) else jnp
         parts = []
         for value, (_, start, stop, shape) in zip(values, self.sites, strict=True):
             value = xp.asarray(value)
@@ -144,10 +154,9 @@ class Layout(NamedTuple):
         return flat if xp is jnp else host.device_array(flat)
 
     def unravel(self, flat) -> dict:
-        """Site name -> array for a flat ``(..., d)`` vector (a concrete one split on the
-        host)."""
-        traced = isinstance(flat, jax.core.Tracer)
-        xp, put = (jnp, lambda v: v) if traced else (np, host.device_array)
+        """Site name -> array for a flat ``(..., d)`` vector (a small concrete one split on
+        the host)."""
+        xp, put = (np, host.device_array) if _on_host([flat]) else (jnp, lambda v: v)
         flat = xp.asarray(flat)
         lead = flat.shape[:-1]
         return {

@@ -150,9 +150,9 @@ class Tuned(NamedTuple):
     def draws(self, rng_key, layout, batched: bool):
         """Starting positions drawn from the predicted law, one per key (on the host, from
         each key's own NumPy stream; traced keys, a ``pmap`` over chains, in JAX)."""
-        mean = jnp.asarray(self.mean)
         root = self.covariance.sqrt()
         if isinstance(rng_key, jax.core.Tracer):
+            mean = jnp.asarray(self.mean)
             root = jax.tree.map(lambda a: jnp.asarray(a, mean.dtype), root)
 
             def one(key):
@@ -160,10 +160,10 @@ class Tuned(NamedTuple):
                 return layout.unravel(mean + root.apply(xi))
 
             return jax.vmap(one)(rng_key) if batched else one(rng_key)
+        mean = np.asarray(self.mean)
         keys = host.unstack_keys(rng_key) if batched else [rng_key]
         xi = np.stack([host.host_rng(k).standard_normal(mean.shape) for k in keys])
-        flat = np.asarray(mean, np.float64) + scales.apply_rows(root, xi)
-        flat = flat.astype(mean.dtype)
+        flat = (mean.astype(np.float64) + scales.apply_rows(root, xi)).astype(mean.dtype)
         return layout.unravel(flat if batched else flat[0])
 
     def centre(self, layout, num_chains: Optional[int]):

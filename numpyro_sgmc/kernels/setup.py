@@ -62,7 +62,7 @@ def start(recipe: Recipe, model, rng_key, num_warmup, init_params, model_args, m
             "SGLDFP, or control_variates=True)."
         )
     batched = not is_prng_key(rng_key)
-    if batched and not not_jax_tracer(rng_key):  # a pmap over chains
+    if batched and isinstance(rng_key, jax.core.Tracer):  # a pmap over chains
         keys = jax.vmap(partial(random.split, num=3))(rng_key)
         rng_key, key_init, key_check = keys[:, 0], keys[:, 1], keys[:, 2]
     elif batched:

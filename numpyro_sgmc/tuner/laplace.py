@@ -471,14 +471,18 @@ def _profiles(spec, structure, layout, zf, deltas, basis, batch, full_gradient, 
     sharp)."""
     args, kwargs = structure.rebuild(arrays)
     U = lambda x: potential(spec, layout.unravel(x), batch, args, kwargs)  # noqa: E731
-    base, grad = jax.value_and_grad(U)(zf)
 
-    def curvature(x):
-        hvp = lambda w: jax.jvp(jax.grad(U), (x,), (w,))[1]  # noqa: E731
-        return basis.T @ jax.vmap(hvp, in_axes=1, out_axes=1)(basis)
+    def at(x):  # U, ∇U and Wᵀ∇²U W at x, from one trace of the model
+        def along(w):
+            (value, grad), (_, hw) = jax.jvp(jax.value_and_grad(U), (x,), (w,))
+            return value, grad, hw
 
-    rises = jax.vmap(lambda delta: U(zf + delta) - base - (grad - full_gradient) @ delta)(deltas)
-    return rises, curvature(zf), jax.vmap(lambda delta: curvature(zf + delta))(deltas)
+        values, grads, hw = jax.vmap(along, in_axes=1, out_axes=(0, 0, 1))(basis)
+        return values[0], grads[0], basis.T @ hw
+
+    values, grads, curvatures = jax.vmap(at)(jnp.concatenate([zf[None], zf + deltas]))
+    rises = values[1:] - values[0] - deltas @ (grads[0] - full_gradient)
+    return rises, curvatures[0], curvatures[1:]
 
 
 def linearity(problem, mode, target, num_rows=LINEARITY_ROWS) -> list:

@@ -158,18 +158,17 @@ def _sums(spec, structure, layout, kind, name, count, full, chunk, zf, rows, pro
         batch = weights_batch(spec, name, idx, w)
         return idx, w, lambda z: U(z, batch) - U(z, base)  # -Σ_i w_i l(z; X_i)
 
-    idx0, w0, _ = chunk_of(0)
-    grads0 = _datum_gradients(spec, structure, layout, name, zf, idx0, arrays)
-    shift = jnp.sum(grads0 * w0[:, None], 0) / jnp.sum(w0)  # a centred, one-pass covariance
-
     def body(acc, c):
-        sums, comp, finite = acc
+        sums, comp, finite, shift = acc
         idx, w, data_part = chunk_of(c)
         if kind == "dense":
             hess = jax.hessian(data_part)(zf)
         else:
             hess = _probe_terms(data_part, zf, probes)
         grads = _datum_gradients(spec, structure, layout, name, zf, idx, arrays)
+        # the first chunk's mean gradient centres the one-pass covariance (chunk 0 has rows)
+        first = jnp.sum(grads * w[:, None], 0) / jnp.maximum(jnp.sum(w), 1.0)
+        shift = jnp.where(c == 0, first, shift)
         dg = (grads - shift) * w[:, None]
         outer = dg.T @ dg if kind == "dense" else jnp.sum(dg**2, 0)
         g = c % GROUPS
@@ -177,12 +176,13 @@ def _sums(spec, structure, layout, kind, name, count, full, chunk, zf, rows, pro
         sums, comp = _kahan(
             (sums, comp), jax.tree.map(lambda a, x: jnp.zeros_like(a).at[g].set(x), sums, part)
         )
-        return (sums, comp, finite & jnp.all(jnp.isfinite(grads))), None
+        return (sums, comp, finite & jnp.all(jnp.isfinite(grads)), shift), None
 
     K = 0 if probes is None else probes.shape[0]
     shapes = ((d, d) if kind == "dense" else (K, d), (d,), (d, d) if kind == "dense" else (d,), ())
     zeros = tuple(jnp.zeros((GROUPS,) + s, dtype) for s in shapes)
-    (sums, _, finite), _ = lax.scan(body, (zeros, zeros, jnp.array(True)), jnp.arange(num_chunks))
+    start = (zeros, zeros, jnp.array(True), jnp.zeros(d, dtype))
+    (sums, _, finite, shift), _ = lax.scan(body, start, jnp.arange(num_chunks))
     return sums, shift, finite
 
 
@@ -200,16 +200,30 @@ def plate_sums(
 
 @partial(jax.jit, static_argnames=("spec", "structure", "layout", "kind", "name"))
 def _spread(spec, structure, layout, kind, name, zf, deltas, rows, weights, arrays):
-    base = _datum_gradients(spec, structure, layout, name, zf, rows, arrays)
     total = jnp.sum(weights)
+    d = zf.shape[0]
 
-    def one(delta):
-        u = _datum_gradients(spec, structure, layout, name, zf + delta, rows, arrays) - base
+    def step(carry, k_delta):
+        # step 0 (δ = 0) keeps ∇l_i(θ̂) as the base: the model is traced once
+        base, acc = carry
+        k, delta = k_delta
+        g = _datum_gradients(spec, structure, layout, name, zf + delta, rows, arrays)
+        base = jnp.where(k == 0, g, base)
+        u = g - base
         u = u - jnp.sum(u * weights[:, None], 0) / total
         u = u * jnp.sqrt(weights)[:, None]
-        return (u.T @ u if kind == "dense" else jnp.sum(u**2, 0)) / total
+        return (base, acc + (u.T @ u if kind == "dense" else jnp.sum(u**2, 0)) / total), None
 
-    return jnp.mean(lax.map(one, deltas), axis=0)
+    steps = (
+        jnp.arange(deltas.shape[0] + 1),
+        jnp.concatenate([jnp.zeros((1, d), zf.dtype), deltas]),
+    )
+    start = (
+        jnp.zeros((rows.shape[0], d), zf.dtype),
+        jnp.zeros((d, d) if kind == "dense" else d, zf.dtype),
+    )
+    (_, acc), _ = lax.scan(step, start, steps)
+    return acc / deltas.shape[0]
 
 
 def probe_spread(spec, structure, layout, kind, name, zf, deltas, rows, arrays) -> np.ndarray:

@@ -42,7 +42,7 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro_sgmc import host
 from numpyro_sgmc.data import validation
 from numpyro_sgmc.data.batches import batch_sampler
-from numpyro_sgmc.data.gradients import full_data_gradient
+from numpyro_sgmc.data.gradients import exact_gradient
 from numpyro_sgmc.data.model import constrained, potential, prepare_model, split_args
 from numpyro_sgmc.diagnostics import ConvergenceWarning, warn
 from numpyro_sgmc.tuner.fisher import information_of
@@ -172,16 +172,16 @@ def default_optimizer(learning_rate: float, num_iterations: int):
         "optimizer",
         "learning_rate",
         "num_iterations",
-        "chunk",
     ),
 )
 def _optimise(
-    spec, structure, layout, optimizer, learning_rate, num_iterations, chunk, z0, scale, keys,
-    arrays,
+    spec, structure, layout, optimizer, learning_rate, num_iterations, z0, scale, keys, arrays
 ):  # fmt: skip
     """``K`` optimizer runs, vectorised, in the coordinates ``u`` of ``z = z0 + scale ⊙ u``
     (flat); the data are arguments, not compiled-in constants. Returns the tail average, the
-    full-data gradient there, the last minibatch gradient and Adam's moments, all in ``z``."""
+    last minibatch gradient and Adam's moments, all in ``z`` (the full-data gradient at the
+    mode is :func:`~numpyro_sgmc.data.gradients.exact_gradient`'s, a program the Newton polish
+    compiles anyway)."""
     n = spec.num_data
     sampler = batch_sampler(spec.plates, "epochs")
     if optimizer is None:
@@ -223,7 +223,6 @@ def _optimise(
             step, (u, opt.init(u), sampler.init(key_batches), u, u), xs
         )
         mode = layout.unravel(z0 + scale * average)
-        gradient = full_data_gradient(spec, mode, args, kwargs, chunk)
         mu, nu = _adam_moments(opt_state)
         # back to z: d/dz = (d/du) / scale; Adam's moments of the gradient likewise
         moments = (
@@ -233,7 +232,6 @@ def _optimise(
         )
         return (
             mode,
-            gradient,
             layout.unravel(last_grad / scale),
             *moments,
             losses,
@@ -382,10 +380,9 @@ def warm_start_of(
     keys = host.key_batch(key_run, num_restarts)
     rate = float(learning_rate)
     for _ in range(3 if rescale else 1):
-        z, gradient, last_grad, mu, nu, losses = _optimise(
-            spec, structure, layout, optimizer, rate, num_iterations, int(chunk_size), z0f,
-            scale, keys, arrays,
-        )  # fmt: skip
+        z, last_grad, mu, nu, losses = _optimise(
+            spec, structure, layout, optimizer, rate, num_iterations, z0f, scale, keys, arrays
+        )
         losses = np.asarray(losses)
         finite = np.all(np.isfinite(losses), axis=1)
         finite &= np.all(np.isfinite(np.asarray(layout.ravel(z))), axis=1)
@@ -402,6 +399,10 @@ def warm_start_of(
             "nearer the data's scale (init_params, or init_strategy=init_to_mean)"
             + ("." if rescale else f", or lower learning_rate (now {learning_rate}).")
         )
+    args, kwargs = tuple(model_args), dict(model_kwargs or {})
+    modes = [host.take(z, k) for k in range(num_restarts)]
+    grads = [exact_gradient(spec, m, args, kwargs, int(chunk_size))[1] for m in modes]
+    gradient = {k: host.device_array(np.stack([np.asarray(g[k]) for g in grads])) for k in z}
     distance = np.full(num_restarts, np.nan)
     d = prepared.layout.size
     if check:
@@ -412,7 +413,7 @@ def warm_start_of(
                 host.split_key(key_check, 1, k)[0],
                 model_args,
                 model_kwargs,
-                host.take(z, k),
+                modes[k],
                 num_rows=min(num_check_rows, n),
                 kind="dense" if d <= DENSE_MAX_DIM else "diagonal",
                 regularize="auto",
@@ -422,7 +423,6 @@ def warm_start_of(
             distance[k] = float(np.sqrt(max(n * float(g @ step), 0.0)))
     tol = max(3.0, 2.0 * math.sqrt(d)) if tol is None else tol
     converged = distance <= tol if check else None
-    args, kwargs = tuple(model_args), dict(model_kwargs or {})
     exclude = prepared.per_datum_sites
     result = WarmStart(
         params=z,
