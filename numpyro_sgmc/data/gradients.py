@@ -30,13 +30,13 @@ which :func:`control_variates` wraps the same way.
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from numpyro_sgmc.compilation import one_shot_jit
 from numpyro_sgmc.data.batches import batch_sampler
 from numpyro_sgmc.data.model import ModelSpec, chunked_batches, potential, split_args
 
@@ -190,8 +190,7 @@ def _full_data_sums(
     return lax.psum(total, axis_name)
 
 
-
-@partial(jax.jit, static_argnames=("spec", "structure", "chunk_size"))
+@one_shot_jit(("spec", "structure", "chunk_size"), rows=lambda spec, **_: spec.num_data)
 def _exact(spec, structure, chunk_size, position, arrays):
     args, kwargs = structure.rebuild(arrays)
     value, total = _full_data_sums(spec, position, args, kwargs, chunk_size)

@@ -47,6 +47,7 @@ from numpyro.infer.util import constrain_fn, potential_energy
 from numpyro.util import is_prng_key, not_jax_tracer
 
 from numpyro_sgmc import host
+from numpyro_sgmc.compilation import one_shot_jit
 from numpyro_sgmc.data import validation
 from numpyro_sgmc.data.first_trace import check_sites, declared_plates, first_trace
 from numpyro_sgmc.data.subsample import (
@@ -233,7 +234,7 @@ def constrain(spec: ModelSpec, z: dict, model_args, model_kwargs, exclude=frozen
     return {k: v for k, v in values.items() if k not in exclude}
 
 
-@partial(jax.jit, static_argnames=("spec", "structure", "exclude", "batched"))
+@one_shot_jit(("spec", "structure", "exclude", "batched"))
 def _constrained(spec, structure, exclude, batched, z, arrays):
     args, kwargs = structure.rebuild(arrays)
     one = partial(constrain, spec, model_args=args, model_kwargs=kwargs, exclude=exclude)
@@ -397,7 +398,7 @@ def _split_values(strategy) -> tuple:
     return init_to_value, {name: jnp.asarray(v) for name, v in values.items()}
 
 
-@partial(jax.jit, static_argnames=("spec", "structure", "strategy"))
+@one_shot_jit(("spec", "structure", "strategy"))
 def _start(spec, structure, strategy, keys, attempt, arrays, values=None):
     """``(z, finite)`` per key (folded with the ``attempt`` number): the strategy's
     unconstrained point, and whether the potential and its gradient are finite there (a NaN
@@ -471,7 +472,7 @@ def _batch_sizes(plates: tuple, batch_size) -> tuple:
     return tuple(out)
 
 
-@partial(jax.jit, static_argnames=("spec", "structure"))
+@one_shot_jit(("spec", "structure"))
 def _index_errors(spec, structure, z, arrays):
     args, kwargs = structure.rebuild(arrays)
     last = Batch({p.name: jnp.arange(p.size - p.batch_size, p.size) for p in spec.plates})

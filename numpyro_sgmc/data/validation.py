@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import inspect
 import math
-from functools import partial
 from typing import Callable, Optional
 
 import jax
@@ -32,6 +31,7 @@ from numpyro.handlers import seed
 from numpyro.primitives import Messenger
 from numpyro.util import not_jax_tracer
 
+from numpyro_sgmc.compilation import one_shot_jit
 from numpyro_sgmc.data.subsample import subsample_indices
 
 __all__ = [
@@ -249,7 +249,7 @@ def _nonfinite_rows(x):
     return jnp.sum(bad), jnp.argmax(bad)
 
 
-@partial(jax.jit, static_argnames=("rows",))
+@one_shot_jit(("rows",), rows=lambda x, rows: x.shape[0])
 def _nonfinite_rows_chunked(x, rows):
     """:func:`_nonfinite_rows` over chunks of ``rows`` rows, so that no temporary of the
     array's size is made (the whole-array reduction materialises ``isfinite(x)``)."""

@@ -17,6 +17,7 @@ import numpy as np
 from jax import random
 from numpyro.util import not_jax_tracer
 
+from numpyro_sgmc.compilation import one_shot_jit
 from numpyro_sgmc.data.gradients import full_data_gradient, minibatch
 from numpyro_sgmc.data.model import potential, split_args
 from numpyro_sgmc.data.subsample import first_batch
@@ -62,7 +63,7 @@ def check_position(params, prototype: dict, batched: bool, what: str = "init_par
             )
 
 
-@partial(jax.jit, static_argnames=("spec", "structure", "batched"))
+@one_shot_jit(("spec", "structure", "batched"))
 def _finite_at(spec, structure, batched, z, arrays):
     args, kwargs = structure.rebuild(arrays)
     batch = first_batch(spec.plates)
@@ -85,7 +86,7 @@ def check_finite_start(spec, z, model_args, model_kwargs, batched: bool):
         )
 
 
-@partial(jax.jit, static_argnames=("spec", "structure", "draws"))
+@one_shot_jit(("spec", "structure", "draws"))
 def _spread_ratio(spec, structure, draws, z, rng_key, arrays):
     args, kwargs = structure.rebuild(arrays)
 
@@ -121,7 +122,7 @@ def check_row_order(spec, z, rng_key, model_args, model_kwargs, kernel_name, dra
         )
 
 
-@partial(jax.jit, static_argnames=("spec", "structure", "chunk_size"))
+@one_shot_jit(("spec", "structure", "chunk_size"), rows=lambda spec, **_: spec.num_data)
 def _centre_ratio(spec, structure, chunk_size, centre, rng_key, arrays):
     """``n|ḡ(θ̂)|² / (b·E|ĝ_B(θ̂) - ḡ(θ̂)|²)`` at one centre (4 batches, with replacement)."""
     args, kwargs = structure.rebuild(arrays)

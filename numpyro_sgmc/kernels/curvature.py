@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import random
 
+from numpyro_sgmc.compilation import one_shot_jit
 from numpyro_sgmc.data.gradients import minibatch
 from numpyro_sgmc.data.model import potential, split_args
 from numpyro_sgmc.data.subsample import Batch
@@ -72,7 +73,7 @@ def _batch_hvp(spec, structure, layout, position, batch, arrays):
     return flat, lambda v: jax.jvp(jax.grad(average), (flat,), (v,))[1]
 
 
-@partial(jax.jit, static_argnames=("spec", "structure", "layout", "inverse", "iterations"))
+@one_shot_jit(("spec", "structure", "layout", "inverse", "iterations"))
 def _power(spec, structure, layout, inverse, iterations, scale, position, batch, v, shift, arrays):
     """The power iteration on ``PJ - shift·I`` from ``v``; the Rayleigh quotient of ``PJ``."""
     _, hvp = _batch_hvp(spec, structure, layout, position, batch, arrays)
@@ -127,7 +128,7 @@ class Curvature(NamedTuple):
     noise_ratio: float
 
 
-@partial(jax.jit, static_argnames=("spec", "structure", "layout", "inverse", "draws"))
+@one_shot_jit(("spec", "structure", "layout", "inverse", "draws"))
 def _traces(spec, structure, layout, inverse, draws, scale, position, batch, rng_key, arrays):
     """``tr(P J)`` by Rademacher probes and ``b · tr(P Cov(ĝ_B))`` over ``draws`` batches."""
     args, kwargs = structure.rebuild(arrays)

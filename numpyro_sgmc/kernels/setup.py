@@ -18,6 +18,7 @@ from jax import random
 from numpyro.util import is_prng_key, not_jax_tracer
 
 from numpyro_sgmc import host
+from numpyro_sgmc.compilation import one_shot_jit
 from numpyro_sgmc.data import sharding
 from numpyro_sgmc.data.model import prepare_model, split_args
 from numpyro_sgmc.kernels import auto_step, checks
@@ -40,7 +41,9 @@ class Start(NamedTuple):
     step_check: Optional[checks.StepCheck]
 
 
-@partial(jax.jit, static_argnames=("build", "config", "structure", "batched"))
+@one_shot_jit(
+    ("build", "config", "structure", "batched"), rows=lambda config, **_: config.spec.num_data
+)
 def _init_chains(build, config, structure, batched, rng_key, z, params, centre, arrays):
     args, kwargs = structure.rebuild(arrays)
     init = build(config).init

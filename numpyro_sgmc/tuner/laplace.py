@@ -23,7 +23,6 @@ to trust them.
 from __future__ import annotations
 
 import math
-from functools import partial
 from typing import NamedTuple, Optional
 
 import jax
@@ -32,6 +31,7 @@ import numpy as np
 from jax import lax
 
 from numpyro_sgmc import host, scales
+from numpyro_sgmc.compilation import one_shot_jit
 from numpyro_sgmc.data.gradients import exact_gradient
 from numpyro_sgmc.data.model import SubsampledModel, potential, split_args
 from numpyro_sgmc.data.subsample import Batch
@@ -215,7 +215,7 @@ class Correlations(NamedTuple):
     concentration: np.ndarray
 
 
-@partial(jax.jit, static_argnames=("spec", "structure", "layout", "iterations"))
+@one_shot_jit(("spec", "structure", "layout", "iterations"))
 def _preconditioned_solves(spec, structure, layout, iterations, zf, diag, probes, batch, arrays):
     """``x_k = H⁻¹ D^{1/2} z_k`` for every probe ``z_k`` by Jacobi-preconditioned conjugate
     gradients on the rows' Hessian ``H = ∇²U_m(θ̂)`` (prior included; ``diag`` is ``D``, the
@@ -462,7 +462,7 @@ class Nonlinearity(NamedTuple):
     sd_ratio: float
 
 
-@partial(jax.jit, static_argnames=("spec", "structure", "layout"))
+@one_shot_jit(("spec", "structure", "layout"))
 def _profiles(spec, structure, layout, zf, deltas, basis, batch, full_gradient, arrays):
     """At every ``δ``: ``U_m(θ̂+δ) - U_m(θ̂) - ∇U_m(θ̂)ᵀδ + ∇U(θ̂)ᵀδ``, the rows' estimate of
     the potential's rise with its linear part replaced by the exact one (a control variate),

@@ -19,7 +19,6 @@ data (arguments), so a second call on data of the same shapes compiles nothing.
 from __future__ import annotations
 
 import math
-from functools import partial
 from typing import NamedTuple
 
 import jax
@@ -27,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from numpyro_sgmc.compilation import one_shot_jit
 from numpyro_sgmc.data.model import potential
 from numpyro_sgmc.data.subsample import Batch
 from numpyro_sgmc.host import device_array
@@ -111,7 +111,7 @@ def _datum_gradients(spec, structure, layout, name, zf, idx, arrays):
     return lax.map(one, idx, batch_size=inner)
 
 
-@partial(jax.jit, static_argnames=("spec", "structure", "layout"))
+@one_shot_jit(("spec", "structure", "layout"))
 def fisher_diagonal(spec, structure, layout, zf, rows, arrays):
     """``Σ_p (n_p/n) mean_{i∈rows_p} (∇l_i)²``: the empirical Fisher information's diagonal per
     datum at ``zf``, over the rows ``rows`` (plate name -> indices)."""
@@ -123,7 +123,7 @@ def fisher_diagonal(spec, structure, layout, zf, rows, arrays):
     return total
 
 
-@partial(jax.jit, static_argnames=("spec", "structure", "layout", "kind"))
+@one_shot_jit(("spec", "structure", "layout", "kind"))
 def global_terms(spec, structure, layout, kind, zf, probes, arrays):
     """Gradient and curvature (``(d, d)``, or Hutchinson terms ``(K, d)``) of the global
     terms (prior, Jacobians, global observations): ``U(w=0, g=1)``."""
@@ -139,9 +139,9 @@ def _chunking(count: int, chunk: int) -> tuple:
     return num_chunks, math.ceil(count / num_chunks)
 
 
-@partial(
-    jax.jit,
-    static_argnames=("spec", "structure", "layout", "kind", "name", "count", "full", "chunk"),
+@one_shot_jit(
+    ("spec", "structure", "layout", "kind", "name", "count", "full", "chunk"),
+    rows=lambda count, **_: count,
 )
 def _sums(spec, structure, layout, kind, name, count, full, chunk, zf, rows, probes, arrays):
     dtype, d = zf.dtype, zf.shape[0]
@@ -198,7 +198,7 @@ def plate_sums(
     return PlateSums(as64(hess), as64(grad), as64(outer), as64(counts), as64(shift), bool(finite))
 
 
-@partial(jax.jit, static_argnames=("spec", "structure", "layout", "kind", "name"))
+@one_shot_jit(("spec", "structure", "layout", "kind", "name"))
 def _spread(spec, structure, layout, kind, name, zf, deltas, rows, weights, arrays):
     total = jnp.sum(weights)
     d = zf.shape[0]

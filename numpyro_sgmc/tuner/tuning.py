@@ -37,7 +37,6 @@ control variates.
 from __future__ import annotations
 
 import math
-from functools import partial
 from typing import Callable, NamedTuple, Optional
 
 import jax
@@ -46,6 +45,7 @@ import numpy as np
 from numpyro.infer.initialization import init_to_mean, init_to_value
 
 from numpyro_sgmc import host, scales, theory
+from numpyro_sgmc.compilation import one_shot_jit
 from numpyro_sgmc.data import validation
 from numpyro_sgmc.data.model import Layout, constrain, constrained, prepare_model, split_args
 from numpyro_sgmc.kernels import SGD, SGLD, SGLDFP
@@ -440,7 +440,7 @@ def _delta_method(problem, mode, covariance):
     return jac @ np.asarray(covariance.matrix) @ jac.T
 
 
-@partial(jax.jit, static_argnames=("spec", "structure", "layout", "latent"))
+@one_shot_jit(("spec", "structure", "layout", "latent"))
 def _jacobian(spec, structure, layout, latent, zf, arrays):
     """``∂(constrained latent values)/∂z`` at ``zf`` (flat), compiled once per model."""
     args, kwargs = structure.rebuild(arrays)

@@ -166,14 +166,9 @@ def default_optimizer(learning_rate: float, num_iterations: int):
 @partial(
     jax.jit,
     static_argnames=(
-        "spec",
-        "structure",
-        "layout",
-        "optimizer",
-        "learning_rate",
-        "num_iterations",
+        "spec", "structure", "layout", "optimizer", "learning_rate", "num_iterations"
     ),
-)
+)  # fmt: skip
 def _optimise(
     spec, structure, layout, optimizer, learning_rate, num_iterations, z0, scale, keys, arrays
 ):  # fmt: skip
