@@ -7,6 +7,7 @@ of user input (:mod:`~numpyro_sgmc.data.validation`), the data plate's subsampli
 (:mod:`~numpyro_sgmc.data.subsample`) and batch samplers (:mod:`~numpyro_sgmc.data.batches`),
 the gradient estimators (:mod:`~numpyro_sgmc.data.gradients`) and their data-parallel form
 (:mod:`~numpyro_sgmc.data.sharding`), and the host-side progress bar and Ctrl-C handling
-(:mod:`~numpyro_sgmc.data.progress`). It may import :mod:`numpyro_sgmc.scales` and
-:mod:`numpyro_sgmc.diagnostics` only: nothing here knows a kernel, the tuner or the theory.
+(:mod:`~numpyro_sgmc.data.progress`). It may import the foundations only
+(:mod:`numpyro_sgmc.scales`, :mod:`numpyro_sgmc.diagnostics`, :mod:`numpyro_sgmc.host`,
+:mod:`numpyro_sgmc.compilation`): nothing here knows a kernel, the tuner or the theory.
 """
