@@ -10,7 +10,8 @@ For those, ``xla_backend_optimization_level=0`` is the better trade. Measured on
 
 :func:`one_shot_jit` compiles a function both ways and chooses per call: the quick compile
 on the CPU backend where the program touches at most :data:`QUICK_ROWS` rows (its ``rows``
-function of the call's arguments; always, without one), the default elsewhere. Long-running
+function of the call's arguments; always, without one), the default elsewhere and inside
+another trace (a nested ``jax.jit`` takes no compiler options). Long-running
 programs (the sampling loop) are plain ``jax.jit`` functions.
 """
 
@@ -42,8 +43,8 @@ class _OneShot:
         self._full = jax.jit(fun, static_argnames=static_argnames)
 
     def _chosen(self, args, kwargs):
-        if jax.default_backend() != "cpu":
-            return self._full
+        if jax.default_backend() != "cpu" or _traced(args, kwargs):
+            return self._full  # compiler options are for top-level jits only
         if self._rows is None:
             return self._quick
         bound = self._signature.bind(*args, **kwargs)
@@ -55,6 +56,11 @@ class _OneShot:
 
     def lower(self, *args, **kwargs):
         return self._chosen(args, kwargs).lower(*args, **kwargs)
+
+
+def _traced(args, kwargs) -> bool:
+    """Whether the call is inside another trace (a ``pmap`` or ``jit`` over chains)."""
+    return any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves((args, kwargs)))
 
 
 def one_shot_jit(static_argnames: tuple = (), rows: Optional[Callable] = None) -> Callable:

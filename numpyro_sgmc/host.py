@@ -46,8 +46,12 @@ def split_key(rng_key, num: int, *tags: int) -> list:
     Drawn by NumPy's generator from the key's integers (its ``SeedSequence`` hashes them, so
     nearby keys give unrelated streams) and wrapped as keys like ``rng_key`` (typed, of its
     implementation, or raw): unlike :func:`jax.random.split` and indexing its result, nothing
-    compiles.
+    compiles. A traced key (a ``pmap`` over chains) is split by :func:`jax.random.split`.
     """
+    if isinstance(rng_key, jax.core.Tracer):  # a pmap over chains: split in its trace
+        for tag in tags:
+            rng_key = random.fold_in(rng_key, tag)
+        return list(random.split(rng_key, num))
     raw = _words(rng_key)
     words = host_rng(rng_key, 0x5EED, *tags).integers(0, 2**32, (num,) + raw.shape, np.uint32)
     return [_wrap(w, rng_key) for w in words]
