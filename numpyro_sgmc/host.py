@@ -21,7 +21,6 @@ __all__ = [
     "host_rng",
     "key_batch",
     "key_seed",
-    "split_batch",
     "split_key",
     "take",
     "unstack_keys",
@@ -55,14 +54,6 @@ def split_key(rng_key, num: int, *tags: int) -> list:
     raw = _words(rng_key)
     words = host_rng(rng_key, 0x5EED, *tags).integers(0, 2**32, (num,) + raw.shape, np.uint32)
     return [_wrap(w, rng_key) for w in words]
-
-
-def split_batch(keys, num: int) -> list:
-    """:func:`split_key` of every key of a batch: ``num`` batches of keys of its shape, batch
-    ``j`` holding each key's ``j``-th (the keys of chains, split alike)."""
-    words = np.stack([_words(k) for key in unstack_keys(keys) for k in split_key(key, num)])
-    words = words.reshape((-1, num) + words.shape[1:])
-    return [_wrap(words[:, j], keys) for j in range(num)]
 
 
 def key_batch(rng_key, num: int = 0):

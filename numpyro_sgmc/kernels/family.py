@@ -30,13 +30,13 @@ from functools import partial
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax import random
 from numpyro.distributions.transforms import IdentityTransform, IndependentTransform
 from numpyro.infer.initialization import init_to_uniform
 
-from numpyro_sgmc import host, scales
+from numpyro_sgmc import host
+from numpyro_sgmc.compilation import one_shot_jit
 from numpyro_sgmc.data import sharding
 from numpyro_sgmc.data.batches import BATCH_SAMPLING
 from numpyro_sgmc.data.gradients import control_variates, full_data_gradient, minibatch
@@ -148,29 +148,27 @@ class Tuned(NamedTuple):
             )
 
     def draws(self, rng_key, layout, batched: bool):
-        """Starting positions drawn from the predicted law, one per key (on the host, from
-        each key's own NumPy stream; traced keys, a ``pmap`` over chains, in JAX)."""
-        root = self.covariance.sqrt()
-        if isinstance(rng_key, jax.core.Tracer):
-            mean = jnp.asarray(self.mean)
-            root = jax.tree.map(lambda a: jnp.asarray(a, mean.dtype), root)
-
-            def one(key):
-                xi = random.normal(key, mean.shape, mean.dtype)
-                return layout.unravel(mean + root.apply(xi))
-
-            return jax.vmap(one)(rng_key) if batched else one(rng_key)
-        mean = np.asarray(self.mean)
-        keys = host.unstack_keys(rng_key) if batched else [rng_key]
-        xi = np.stack([host.host_rng(k).standard_normal(mean.shape) for k in keys])
-        flat = (mean.astype(np.float64) + scales.apply_rows(root, xi)).astype(mean.dtype)
-        return layout.unravel(flat if batched else flat[0])
+        """Starting positions drawn from the predicted law, one per key (one program, the
+        same draws for a chain run alone, vectorised or in a ``pmap``)."""
+        mean = host.device_array(self.mean)
+        root = jax.tree.map(lambda a: host.device_array(a, mean.dtype), self.covariance.sqrt())
+        return _predicted_draws(layout, batched, mean, root, rng_key)
 
     def centre(self, layout, num_chains: Optional[int]):
         """The control-variate centre: the mode, for every chain."""
         mean = np.asarray(self.mean)
         mean = mean if num_chains is None else np.broadcast_to(mean, (num_chains,) + mean.shape)
         return layout.unravel(mean)
+
+
+@one_shot_jit(("layout", "batched"))
+def _predicted_draws(layout, batched, mean, root, rng_key):
+    """``mean + root ξ``, ``ξ ~ N(0, I)`` from each key, unraveled (:meth:`Tuned.draws`)."""
+
+    def one(key):
+        return layout.unravel(mean + root.apply(random.normal(key, mean.shape, mean.dtype)))
+
+    return jax.vmap(one)(rng_key) if batched else one(rng_key)
 
 
 class Recipe(NamedTuple):

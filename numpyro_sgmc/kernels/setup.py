@@ -52,6 +52,17 @@ def _init_chains(build, config, structure, batched, rng_key, z, params, centre, 
     return init(rng_key, z, params, args, kwargs, centre)
 
 
+@one_shot_jit(("batched",))
+def _split_three(batched, rng_key):
+    """``rng_key`` (each key of a batch) split in three by JAX, in one program: a chain gets
+    the same keys run alone, vectorised or in a ``pmap`` (where its key is traced)."""
+    if batched:
+        keys = jax.vmap(partial(random.split, num=3))(rng_key)
+        return keys[:, 0], keys[:, 1], keys[:, 2]
+    keys = random.split(rng_key, 3)
+    return keys[0], keys[1], keys[2]
+
+
 def start(recipe: Recipe, model, rng_key, num_warmup, init_params, model_args, model_kwargs):
     """The :class:`Start` of ``MCMCKernel.init`` (module docstring); ``model_args`` and
     ``model_kwargs`` already as arrays."""
@@ -65,13 +76,7 @@ def start(recipe: Recipe, model, rng_key, num_warmup, init_params, model_args, m
             "SGLDFP, or control_variates=True)."
         )
     batched = not is_prng_key(rng_key)
-    if batched and isinstance(rng_key, jax.core.Tracer):  # a pmap over chains
-        keys = jax.vmap(partial(random.split, num=3))(rng_key)
-        rng_key, key_init, key_check = keys[:, 0], keys[:, 1], keys[:, 2]
-    elif batched:
-        rng_key, key_init, key_check = host.split_batch(rng_key, 3)
-    else:
-        rng_key, key_init, key_check = host.split_key(rng_key, 3)
+    rng_key, key_init, key_check = _split_three(batched, rng_key)
     sharding.data_layout(model_args, model_kwargs)  # layout errors before the model is traced
     prepared = prepare_model(
         key_init, model, model_args, model_kwargs, options.batch_size, options.init_strategy
