@@ -45,12 +45,10 @@ def split_key(rng_key, num: int, *tags: int) -> list:
     Drawn by NumPy's generator from the key's integers (its ``SeedSequence`` hashes them, so
     nearby keys give unrelated streams) and wrapped as keys like ``rng_key`` (typed, of its
     implementation, or raw): unlike :func:`jax.random.split` and indexing its result, nothing
-    compiles. A traced key (a ``pmap`` over chains) is split by :func:`jax.random.split`.
+    compiles. The keys are not :func:`jax.random.split`'s, which a trace could reproduce: this
+    is for keys that are never traced (the tuner's), not for a chain's key, which a ``pmap``
+    over chains traces.
     """
-    if isinstance(rng_key, jax.core.Tracer):  # a pmap over chains: split in its trace
-        for tag in tags:
-            rng_key = random.fold_in(rng_key, tag)
-        return list(random.split(rng_key, num))
     raw = _words(rng_key)
     words = host_rng(rng_key, 0x5EED, *tags).integers(0, 2**32, (num,) + raw.shape, np.uint32)
     return [_wrap(w, rng_key) for w in words]
@@ -59,11 +57,11 @@ def split_key(rng_key, num: int, *tags: int) -> list:
 def key_batch(rng_key, num: int = 0):
     """``split_key``'s keys as one batch (shape ``(num,)``); with ``num = 0``, ``rng_key``
     itself as a batch of one (``rng_key[None]`` compiles a program)."""
-    if isinstance(rng_key, jax.core.Tracer):
-        return rng_key[None]
+    if num == 0:  # a chain's key, traced in a pmap over chains
+        if isinstance(rng_key, jax.core.Tracer):
+            return rng_key[None]
+        return _wrap(_words(rng_key)[None], rng_key)
     raw = _words(rng_key)
-    if num == 0:
-        return _wrap(raw[None], rng_key)
     words = host_rng(rng_key, 0x5EED).integers(0, 2**32, (num,) + raw.shape, np.uint32)
     return _wrap(words, rng_key)
 
