@@ -37,17 +37,23 @@ def library_jit_names() -> set:
 
 
 class Compilations(logging.Handler):
+    """Each compilation's name and whether NumPyro's eager first trace of the model
+    (``data.first_trace.first_trace``) was on the stack when it compiled."""
+
     def __init__(self):
         super().__init__(logging.DEBUG)
-        self.names = []
+        self.found = []
 
     def emit(self, record):
         found = re.search(r"Finished XLA compilation of jit\((\S+?)\)", record.getMessage())
         if found:
-            self.names.append(found.group(1))
+            stack = traceback.extract_stack()
+            in_trace = any(f.name == "first_trace" and "first_trace" in f.filename for f in stack)
+            self.found.append((found.group(1), in_trace))
 
 
-def compiled_names(call) -> list:
+def compiled_sites(call) -> list:
+    """``(name, in the first trace)`` of every XLA compilation while ``call()`` runs."""
     handler = Compilations()
     loggers = [logging.getLogger(name) for name in ("jax._src.interpreters.pxla", "jax")]
     levels = [lg.level for lg in loggers]
@@ -61,7 +67,11 @@ def compiled_names(call) -> list:
         for lg, level in zip(loggers, levels, strict=True):
             lg.removeHandler(handler)
             lg.setLevel(level)
-    return handler.names
+    return handler.found
+
+
+def compiled_names(call) -> list:
+    return [name for name, _ in compiled_sites(call)]
 
 
 def recipe(model, data):
@@ -92,46 +102,21 @@ def test_a_second_call_on_new_data_compiles_nothing_of_ours(model, make):
     assert not set(again) & ours, again
 
 
-class CompilationSites(logging.Handler):
-    """Each compilation's name and whether NumPyro's eager first trace of the model
-    (``data.first_trace.first_trace``) was on the stack when it compiled."""
-
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.found = []
-
-    def emit(self, record):
-        found = re.search(r"Finished XLA compilation of jit\((\S+?)\)", record.getMessage())
-        if found:
-            stack = traceback.extract_stack()
-            in_trace = any(f.name == "first_trace" and "first_trace" in f.filename for f in stack)
-            self.found.append((found.group(1), in_trace))
-
-
 def test_a_first_call_compiles_only_our_programs_and_the_models_first_trace():
     """No tiny eager programs of the library's own (key splits, slices, conversions, probes)
     in a first autotune + run_kernel: every compilation is one of the package's module-level
     ``jax.jit`` functions, or an operation of NumPyro's eager first trace of the model.
     Shapes no other test uses (d = 7, n = 3,001), so that nothing was compiled before."""
-    data = make_wide_logistic(3, 3001, 7)
+    (args, kwargs) = make_wide_logistic(3, 3001, 7)
     key_tune, key_run = jax.random.key(0), jax.random.key(1)
-    handler = CompilationSites()
-    loggers = [logging.getLogger(name) for name in ("jax._src.interpreters.pxla", "jax")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.addHandler(handler)
-        lg.setLevel(logging.DEBUG)
-    try:
-        with jax.log_compiles(True):
-            args, kwargs = data
-            kernel, _ = autotune(logistic, key_tune, *args, model_kwargs=kwargs)
-            run = run_kernel(kernel, key_run, *args, num_samples=20, model_kwargs=kwargs)
-            jax.block_until_ready(run.samples)
-    finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.removeHandler(handler)
-            lg.setLevel(level)
+
+    def first_call():
+        kernel, _ = autotune(logistic, key_tune, *args, model_kwargs=kwargs)
+        run = run_kernel(kernel, key_run, *args, num_samples=20, model_kwargs=kwargs)
+        jax.block_until_ready(run.samples)
+
+    found = compiled_sites(first_call)
     ours = library_jit_names()
-    assert {"_optimise", "_sums", "_chunk"} <= {name for name, _ in handler.found}
-    stray = sorted({name for name, in_trace in handler.found if name not in ours and not in_trace})
+    assert {"_optimise", "_sums", "_chunk"} <= {name for name, _ in found}
+    stray = sorted({name for name, in_trace in found if name not in ours and not in_trace})
     assert not stray, stray
