@@ -102,12 +102,18 @@ _INTERRUPTED = _PRELUDE + textwrap.dedent(
 
 
 def _child(source, log, *args):
-    """The child process, its stderr (progress bars, warnings) in the file ``log``."""
+    """The child process, its stderr (progress bars, warnings) in the file ``log``.
+
+    NumPyro switches its progress bar off where ``CI`` or ``PYTEST_XDIST_WORKER`` is set
+    (``MCMC.__init__``): the child runs without them, so that ``progress_bar=True`` is the
+    per-draw loop these tests are about on a CI machine too."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_XDIST_WORKER")}
     return subprocess.Popen(
         [sys.executable, "-c", source.replace("TESTS", repr(HERE)), *args],
         stdout=subprocess.PIPE,
         stderr=log,
         text=True,
+        env=env,
     )
 
 
