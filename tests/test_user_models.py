@@ -21,8 +21,10 @@ from numpyro.infer import MCMC, init_to_uniform
 from user_models import (
     MODELS,
     logistic,
+    make_nb2,
     make_overdispersed,
     make_wide_logistic,
+    nb2_raw,
     nuts_reference,
     poisson_raw,
     sandwich64,
@@ -101,6 +103,25 @@ def test_a_random_start_on_raw_covariates_falls_back_to_a_finite_one():
     prepared = prepare_model(jax.random.key(0), poisson_raw, (X, y), {}, None, init_to_uniform)
     flat = np.asarray(prepared.layout.ravel(prepared.init_params))
     assert np.all(np.isfinite(flat)) and np.all(flat == 0.0)
+
+
+def test_a_prior_draw_that_overflows_the_first_trace_is_not_an_error():
+    """NB2 on raw covariates: for key 2 the N(0, 10²) prior draw overflows ``exp(X @ beta)``
+    and NumPyro's plain trace raises "Gamma distribution got invalid rate parameter"; the
+    first trace takes only the model's structure from such a draw, and MCMC.run starts at a
+    finite point and samples."""
+    (X, y), _ = make_nb2(n=2000)
+    key = jax.random.key(2)
+    with pytest.raises(ValueError, match="invalid rate parameter"):
+        numpyro.handlers.trace(numpyro.handlers.seed(nb2_raw, key)).get_trace(X, y)
+    prepared = prepare_model(key, nb2_raw, (X, y), {}, None, init_to_uniform)
+    assert {"beta", "alpha"} <= set(prepared.init_params)
+    assert np.all(np.isfinite(np.asarray(prepared.layout.ravel(prepared.init_params))))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", StepSizeWarning)
+        mcmc = MCMC(SGLD(nb2_raw, 1e-7), num_warmup=0, num_samples=20, progress_bar=False)
+        mcmc.run(key, X, y)
+    assert all(np.all(np.isfinite(np.asarray(v))) for v in mcmc.get_samples().values())
 
 
 def separable(seed=0, n=4000):

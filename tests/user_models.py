@@ -89,6 +89,30 @@ def make_overdispersed(seed=0, n=20_000):
     return (X, y), {}
 
 
+def nb2_raw(X, y=None):
+    """Negative-binomial (NB2, log link) regression on raw covariates with an intercept column,
+    laid out as the RAND health insurance experiment's doctor visits: a log coinsurance rate,
+    binary plan and health indicators, a count of chronic diseases up to about 70. A draw
+    from the N(0, 10²) prior puts ``X @ beta`` in the hundreds, where ``exp`` overflows."""
+    beta = numpyro.sample("beta", dist.Normal(0.0, 10.0).expand([X.shape[1]]).to_event(1))
+    alpha = numpyro.sample("alpha", dist.HalfNormal(5.0))
+    with numpyro.plate("data", X.shape[0], subsample_size=500):
+        Xb = numpyro.subsample(X, event_dim=1)
+        yb = None if y is None else numpyro.subsample(y, event_dim=0)
+        numpyro.sample("y", dist.NegativeBinomial2(jnp.exp(Xb @ beta), alpha), obs=yb)
+
+
+def make_nb2(seed=0, n=20_000):
+    rng = np.random.default_rng(seed)
+    X = np.column_stack([
+        np.ones(n), rng.uniform(0, 4.6, n), rng.integers(0, 2, n), rng.uniform(0, 7, n),
+        rng.integers(0, 2, n), rng.gamma(2.0, 6.0, n), rng.integers(0, 2, n),
+    ]).astype(np.float32)  # fmt: skip
+    mean = np.exp(X @ np.array([0.7, -0.05, -0.1, 0.05, 0.2, 0.02, 0.3]))
+    y = rng.negative_binomial(1.0, 1.0 / (1.0 + mean)).astype(np.float32)
+    return (X, y), {}
+
+
 def two_plates(X, y, counts, z=None):
     """A regression on one dataset and a Poisson rate on another, sharing ``beta``: two
     subsample plates of different sizes and batch sizes."""
@@ -261,6 +285,10 @@ MODELS = {
     "poisson_sandwich": UserModel(
         "over-dispersed counts, Poisson, raw covariates", poisson_raw, make_overdispersed,
         "local_fiducial", lambda a, k: sandwich64(poisson_raw, a, k), "exact sandwich",
+    ),
+    "nb2_raw": UserModel(
+        "negative binomial, raw covariates", nb2_raw, make_nb2, "posterior",
+        lambda a, k: laplace64(nb2_raw, a, k), "float64 Laplace",
     ),
     "two_plates": UserModel(
         "two plates sharing coefficients", two_plates, make_two_plates, "posterior",

@@ -12,8 +12,11 @@ assertion or, worse, silently broadcast the whole data set against every batch.
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
+import numpyro
 from numpyro.handlers import seed, trace
 from numpyro.primitives import _PYRO_STACK, Messenger, plate
 
@@ -228,7 +231,7 @@ def first_trace(model, rng_key, model_args, model_kwargs) -> tuple:
     labels.update({id(v): keyword[k] for k, v in model_kwargs.items()})
     check = _DataCheck(model, labels, validation.row_counts(model, model_args, model_kwargs))
     try:
-        model_trace = trace(seed(first_rows(check), rng_key)).get_trace(*model_args, **model_kwargs)
+        model_trace = _structure(seed(first_rows(check), rng_key), model_args, model_kwargs)
     except AssertionError as err:
         if "size of plate should be positive" not in str(err):
             raise
@@ -255,6 +258,26 @@ def first_trace(model, rng_key, model_args, model_kwargs) -> tuple:
             "with numpyro.plate(...) as idx: X[idx])."
         ) from err
     return model_trace, check.subsampled
+
+
+def _structure(model, model_args, model_kwargs):
+    """The trace of ``model`` (seeded) for its sites, plates and supports.
+
+    Its latent values are prior draws, and on raw covariate scales a draw can overflow a
+    parameter the model computes from it (``exp(X @ beta)`` as a rate: NumPyro's "Gamma
+    distribution got invalid rate parameter"). Such a trace is taken again with NumPyro's
+    argument checks off: only its structure is used, and the starts are searched apart,
+    for a finite potential (``numpyro_sgmc.data.model.prepare_model``)."""
+    try:
+        return trace(model).get_trace(*model_args, **model_kwargs)
+    except ValueError as err:
+        if not _INVALID_PARAMETER.search(str(err)):
+            raise
+    with numpyro.validation_enabled(False):
+        return trace(model).get_trace(*model_args, **model_kwargs)
+
+
+_INVALID_PARAMETER = re.compile(r"distribution got invalid \w+ parameter")
 
 
 def _failing_site(err) -> tuple:
