@@ -14,6 +14,7 @@ tuning for a named target (Table 1, §4) and predicts its covariance and mixing;
 from numpyro_sgmc import bde, calibration, diagnostics, theory
 from numpyro_sgmc.cache import enable_compilation_cache
 from numpyro_sgmc.data.batches import shuffle_rows
+from numpyro_sgmc.data.on_disk import shuffle_to_disk
 from numpyro_sgmc.data.sharding import shard_data
 from numpyro_sgmc.data.subsample import full_data
 from numpyro_sgmc.kernels import SGD, SGHMC, SGLD, SGLDFP, AdaSGHMC, ChainInit
@@ -54,6 +55,7 @@ __all__ = [
     "run_kernel",
     "shard_data",
     "shuffle_rows",
+    "shuffle_to_disk",
     "theory",
     "warm_start",
 ]

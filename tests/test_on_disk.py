@@ -1,0 +1,70 @@
+"""shuffle_to_disk: a uniformly random common order of the rows, written in bounded memory."""
+
+import math
+
+import jax
+import numpy as np
+import pytest
+from scipy import stats
+
+from numpyro_sgmc import shuffle_to_disk
+
+
+def test_rows_stay_together_and_each_appears_once(tmp_path):
+    """Many buckets (a buffer of 4 KiB for 200 KiB of data): the arrays share one order, every
+    row appears once, and the results are read-only memory maps of ``.npy`` files."""
+    n = 10_007
+    rng = np.random.default_rng(0)
+    images = rng.standard_normal((n, 2, 3)).astype(np.float32)
+    source = np.lib.format.open_memmap(tmp_path / "images.npy", mode="w+", shape=images.shape,
+                                       dtype=images.dtype)  # fmt: skip
+    source[:] = images
+    source.flush()
+    data = {"images": np.load(tmp_path / "images.npy", mmap_mode="r"), "row": np.arange(n)}
+    out = shuffle_to_disk(jax.random.key(0), data, tmp_path / "shuffled", 4096, progress=False)
+    assert set(out) == {"images", "row"} and all(isinstance(a, np.memmap) for a in out.values())
+    assert not out["row"].flags.writeable
+    assert np.array_equal(np.sort(out["row"]), np.arange(n))
+    assert np.array_equal(out["images"], images[out["row"]])
+    assert not np.array_equal(out["row"], np.arange(n))
+    assert sorted(p.name for p in (tmp_path / "shuffled").iterdir()) == ["images.npy", "row.npy"]
+
+
+@pytest.mark.parametrize("memory_bytes", [64, 2**20], ids=["two buckets", "one bucket"])
+def test_every_order_is_equally_likely(tmp_path, memory_bytes):
+    """Over 2400 keys, the 24 orders of 4 rows each come about 100 times: a chi-square test
+    at level 0.001 (with two buckets, the bucket sizes and contents make the order too)."""
+    counts = {}
+    for k in range(2400):
+        (order,) = shuffle_to_disk(jax.random.key(k), [np.arange(4)], tmp_path / str(k),
+                                   memory_bytes, progress=False)  # fmt: skip
+        counts[tuple(order)] = counts.get(tuple(order), 0) + 1
+    observed = np.array(list(counts.values()) + [0] * (math.factorial(4) - len(counts)))
+    statistic = stats.chisquare(observed).statistic
+    assert statistic < stats.chi2.ppf(0.999, df=23), counts
+
+
+def test_the_order_is_the_keys(tmp_path):
+    x = np.arange(1000)
+    (a,) = shuffle_to_disk(jax.random.key(3), (x,), tmp_path / "a", 1024, progress=False)
+    (b,) = shuffle_to_disk(jax.random.key(3), (x,), tmp_path / "b", 1024, progress=False)
+    (c,) = shuffle_to_disk(jax.random.key(4), (x,), tmp_path / "c", 1024, progress=False)
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+def test_bad_input_is_said(tmp_path):
+    with pytest.raises(ValueError, match=r"same number of rows, got X: 10, y: 9"):
+        shuffle_to_disk(jax.random.key(0), {"X": np.zeros((10, 2)), "y": np.zeros(9)}, tmp_path)
+    with pytest.raises(ValueError, match="smaller than 8 rows"):
+        shuffle_to_disk(jax.random.key(0), {"X": np.zeros((10, 100))}, tmp_path, memory_bytes=100)
+    with pytest.raises(TypeError, match=r"\{name: array\}"):
+        shuffle_to_disk(jax.random.key(0), np.zeros(3), tmp_path)
+    shuffle_to_disk(jax.random.key(0), {"X": np.arange(5)}, tmp_path, progress=False)
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        shuffle_to_disk(jax.random.key(1), {"X": np.arange(5)}, tmp_path, progress=False)
+    (again,) = shuffle_to_disk(jax.random.key(1), [np.arange(5)], tmp_path, progress=False)
+    out = shuffle_to_disk(jax.random.key(1), {"X": np.arange(5)}, tmp_path, progress=False,
+                          overwrite=True)  # fmt: skip
+    assert np.array_equal(out["X"], again)
+    # nothing of the work is left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["X.npy", "arr_0.npy"]
