@@ -13,6 +13,7 @@ from __future__ import annotations
 import warnings
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
@@ -38,6 +39,7 @@ from numpyro_sgmc.diagnostics import (
     StepSizeWarning,
 )
 from numpyro_sgmc.tuner.check import unconstrained_draws
+from numpyro_sgmc.tuner.laplace import profile_moments
 
 
 def recipe(case, seed=0, **tune):
@@ -156,6 +158,58 @@ def test_separable_classes_under_a_heavy_tailed_prior_are_said():
     X, y = separable()
     with pytest.warns(LinearizationWarning, match="does not rise on one side"):
         autotune(logistic_cauchy, jax.random.key(0), X, y)
+
+
+def test_a_profile_with_a_wall_on_one_side_is_measured_not_called_modeless():
+    """Rises at -2, -1, +1, +2 sds of a half-Gaussian with a wall (curvature 16 on the left):
+    the probes' quartic swings below zero between them; each side on its own gives the
+    profile's mean and sd (0.598 and 0.674 of the quadratic's, by quadrature)."""
+    steps = np.array([-2.0, -1.0, 1.0, 2.0])
+    rises = np.where(steps > 0, steps**2 / 2, 8 * steps**2)
+    mean, sd = profile_moments(steps, rises)
+    assert abs(mean - 0.598) < 0.01 and abs(sd - 0.674) < 0.01, (mean, sd)
+    assert profile_moments(steps, steps**2 / 2) == pytest.approx((0.0, 1.0), abs=1e-6)
+
+
+def thin_class(seed=0, n=5000):
+    """Three classes, the third seen on 30 rows and never at night: its night coefficient is
+    held by the N(0, 10²) prior on one side and by the data on the other."""
+    rng = np.random.default_rng(seed)
+    night = (rng.random(n) < 0.3).astype(np.float32)
+    X = np.column_stack([np.ones(n), night]).astype(np.float32)
+    y = rng.choice(2, n, p=[0.6, 0.4])
+    y[rng.choice(np.flatnonzero(night == 0), 30, replace=False)] = 2
+    return X, y.astype(np.int32)
+
+
+def softmax_with_reference(X, y=None):
+    W = numpyro.sample("W", dist.Normal(0.0, 10.0).expand([X.shape[1], 2]).to_event(2))
+    with numpyro.plate("rows", X.shape[0], subsample_size=200):
+        Xb = numpyro.subsample(X, event_dim=1)
+        yb = None if y is None else numpyro.subsample(y, event_dim=0)
+        logits = jnp.concatenate([jnp.zeros((Xb.shape[0], 1)), Xb @ W], axis=1)
+        numpyro.sample("y", dist.Categorical(logits=logits), obs=yb)
+
+
+def test_a_thin_class_held_by_its_prior_gets_an_error_that_covers_it():
+    """The thin class's night coefficient: NUTS's sd is about 1.4 times the Laplace's. The
+    report says so (a LinearizationWarning with the profile's width, not "no finite mode")
+    and its stated error covers the difference; the other sds are right to their errors."""
+    X, y = thin_class()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        _, report = autotune(softmax_with_reference, jax.random.key(0), X, y)
+    said = [str(w.message) for w in seen if w.category is LinearizationWarning]
+    assert said and all("does not rise on one side" not in m for m in said), said
+    assert "W[1, 1]" in said[0] and "sd along it is about" in said[0], said
+    reference = nuts_reference(softmax_with_reference, (X, y), {}, num_samples=4000)["W"].ravel()
+    ratio = report.predicted_sd / reference
+    # NUTS's own sds are known to about 3% (4000 draws)
+    assert np.all(np.abs(ratio - 1) < 3 * report.prediction_error + 0.06), (
+        ratio, report.prediction_error)  # fmt: skip
+    assert report.prediction_error[3] > 0.2 and np.all(report.prediction_error[:3] < 0.05)
+    (widest,) = [f for f in report.nonlinearity if f.label == "W[1, 1]"]
+    assert abs(widest.sd_ratio * ratio[3] - 1) < 0.15, (widest.sd_ratio, ratio[3])
 
 
 def test_a_kernel_tuned_on_other_data_is_an_error():

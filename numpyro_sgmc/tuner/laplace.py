@@ -592,26 +592,64 @@ def profile_moments(steps, rises) -> tuple:
     """``(mean, sd)`` of ``exp(-p(t))`` in units of the sd of ``exp(-t²/2)``, ``p`` the quartic
     through ``(0, 0)`` and ``(steps, rises)`` on ``[-2, 2]``, continued beyond by its value,
     slope and (non-negative) curvature there; ``sd = inf`` if that is not normalisable, or if
-    a probe lies half a nat below the mode (the mode is elsewhere)."""
+    a probe lies half a nat below the mode (the mode is elsewhere). Where a side rises by more
+    than ``_WALL`` one sd out (a wall, which the quartic swings through far below zero), each
+    side has its own curve (``_one_sided_profile``)."""
     if np.min(rises) < -0.5:  # half a nat below the "mode" two sds away: not a mode
         return 0.0, math.inf
-    t = np.concatenate([[0.0], np.asarray(steps, np.float64)])
-    p = np.polynomial.Polynomial.fit(t, np.concatenate([[0.0], rises]), 4).convert()
-    dp, d2p = p.deriv(), p.deriv(2)
+    steps, rises = np.asarray(steps, np.float64), np.asarray(rises, np.float64)
     grid = np.linspace(-12.0, 12.0, 4801)
-    values = p(np.clip(grid, -2.0, 2.0))
-    for edge, side in ((2.0, grid > 2.0), (-2.0, grid < -2.0)):
-        x = np.abs(grid[side] - edge)
-        slope, curve = dp(edge) * np.sign(edge), max(d2p(edge), 0.0)
-        if slope <= 0 and curve == 0:
+    if np.max(rises[np.abs(steps) == 1.0]) > _WALL:
+        values = _one_sided_profile(steps, rises, grid)
+        if values is None:
             return 0.0, math.inf
-        values[side] = p(edge) + slope * x + 0.5 * curve * x**2
+    else:
+        t = np.concatenate([[0.0], steps])
+        p = np.polynomial.Polynomial.fit(t, np.concatenate([[0.0], rises]), 4).convert()
+        dp, d2p = p.deriv(), p.deriv(2)
+        values = p(np.clip(grid, -2.0, 2.0))
+        for edge, side in ((2.0, grid > 2.0), (-2.0, grid < -2.0)):
+            x = np.abs(grid[side] - edge)
+            slope, curve = dp(edge) * np.sign(edge), max(d2p(edge), 0.0)
+            if slope <= 0 and curve == 0:
+                return 0.0, math.inf
+            values[side] = p(edge) + slope * x + 0.5 * curve * x**2
     if np.min(values) < -20:  # a profile that falls far below the mode: no mode here
         return 0.0, math.inf
     w = np.exp(-(values - values.min()))
     w = w / w.sum()
     mean = float(w @ grid)
     return mean, float(np.sqrt(w @ (grid - mean) ** 2))
+
+
+# a rise one sd from the mode four times the quadratic's (2 nats): a wall on that side, as a
+# prior-held coefficient of a class never seen with a covariate has (the probes' quartic
+# through it swings far below zero between them)
+_WALL = 2.0
+
+
+def _one_sided_profile(steps, rises, grid):
+    """``p`` on ``grid`` side by side, where one side is a wall: through ``(0, 0)``,
+    ``(±1, r₁)`` and ``(±2, r₂)`` the quadratic ``au + bu²`` (``u = |t|``) where it does not
+    fall on ``[0, 2]``, else the straight segments; beyond ``±2`` by its slope and curvature
+    there. ``None`` where a side does not rise (no mode)."""
+    values = np.empty_like(grid)
+    for sign, side in ((1.0, grid >= 0), (-1.0, grid < 0)):
+        r1, r2 = (float(rises[steps == sign * u][0]) for u in (1.0, 2.0))
+        u = np.abs(grid[side])
+        inner, outer = np.minimum(u, 2.0), np.maximum(u - 2.0, 0.0)
+        b = (r2 - 2.0 * r1) / 2.0
+        a = r1 - b
+        if a >= 0 or a + 4 * b <= 0:  # a quadratic rising on [0, 2] (or none that does)
+            slope, curve = a + 4.0 * b, max(2.0 * b, 0.0)
+            values[side] = a * inner + b * inner**2
+        else:
+            slope, curve = r2 - r1, 0.0
+            values[side] = np.where(inner <= 1.0, r1 * inner, r1 + (r2 - r1) * (inner - 1.0))
+        if slope <= 0 and curve == 0:
+            return None
+        values[side] += slope * outer + 0.5 * curve * outer**2
+    return values
 
 
 def linearity_error(findings, target) -> np.ndarray:
