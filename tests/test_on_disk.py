@@ -68,3 +68,45 @@ def test_bad_input_is_said(tmp_path):
     assert np.array_equal(out["X"], again)
     # nothing of the work is left behind
     assert sorted(p.name for p in tmp_path.iterdir()) == ["X.npy", "arr_0.npy"]
+
+
+def test_the_files_are_in_jax_dtypes(tmp_path):
+    """float64 and int64 are written as the float32 and int32 JAX computes in (so the kernels
+    use the files as they are); ``jax_dtypes=False`` keeps them; integers beyond int32 are an
+    error that names the array and the fix."""
+    x = np.linspace(0.0, 1.0, 50)
+    codes = np.arange(50, dtype=np.int64)
+    out = shuffle_to_disk(jax.random.key(0), {"x": x, "c": codes}, tmp_path / "a", 256,
+                          progress=False)  # fmt: skip
+    assert out["x"].dtype == np.float32 and out["c"].dtype == np.int32
+    assert np.array_equal(out["x"], x.astype(np.float32)[out["c"]])
+    kept = shuffle_to_disk(jax.random.key(0), {"x": x}, tmp_path / "b", progress=False,
+                           jax_dtypes=False)  # fmt: skip
+    assert kept["x"].dtype == np.float64
+    with pytest.raises(ValueError, match=r"'big' holds integers beyond int32.*jax_dtypes=False"):
+        shuffle_to_disk(jax.random.key(0), {"big": codes * 2**40}, tmp_path / "c", progress=False)
+
+
+def test_a_cast_of_a_memory_map_larger_than_half_the_memory_is_refused(tmp_path, monkeypatch):
+    """A float64 memory map would be read whole into memory to cast it to float32: where that
+    copy is more than half the machine's memory (here a machine of 1 MiB) autotune refuses,
+    naming the sizes and shuffle_to_disk; the float32 copy that writes runs."""
+    from numpyro_sgmc import autotune
+    from numpyro_sgmc.data import validation
+    from problems import linear_regression, make_linear_regression
+
+    problem = make_linear_regression(n=50_000)
+    path = tmp_path / "X.npy"
+    source = np.lib.format.open_memmap(path, mode="w+", dtype=np.float64, shape=problem.X.shape)
+    source[:] = np.asarray(problem.X)
+    source.flush()
+    X = np.load(path, mmap_mode="r")
+    monkeypatch.setattr(validation, "physical_memory", lambda: 2.0**20)
+    with pytest.raises(ValueError, match=r"argument 'X' \(position 0\) is a memory map of dtype "
+                       r"float64 and 0.0\d+ GiB.*numpyro_sgmc.shuffle_to_disk"):  # fmt: skip
+        autotune(linear_regression, jax.random.key(0), X, np.asarray(problem.y))
+    data = shuffle_to_disk(jax.random.key(1), {"X": X, "y": np.asarray(problem.y)}, tmp_path / "s",
+                           progress=False)  # fmt: skip
+    assert data["X"].dtype == np.float32
+    _, report = autotune(linear_regression, jax.random.key(0), data["X"], data["y"])
+    assert np.all(np.isfinite(report.predicted_sd))

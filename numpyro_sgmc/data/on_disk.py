@@ -16,7 +16,8 @@ The output is a uniformly random permutation of the rows (each of the ``n!`` ord
 same probability: the buckets' sizes and contents are those of a uniform permutation cut
 into ``K`` consecutive pieces), the same one for every array. It costs two sequential reads
 and two sequential writes of the data; the buckets take as much disk as the data until the
-second pass removes them.
+second pass removes them. The files are written in the dtypes JAX computes in, so that a
+``float64`` source is not cast (a copy in memory) on every use.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import shutil
 import tempfile
 from typing import Mapping, Union
 
+import jax
 import numpy as np
 from tqdm.auto import tqdm
 
@@ -44,6 +46,7 @@ def shuffle_to_disk(
     memory_bytes: int = 2**30,
     progress: bool = True,
     overwrite: bool = False,
+    jax_dtypes: bool = True,
 ):
     """Write the arrays with their rows (leading axis) in one common random order to
     ``directory/<name>.npy``, using at most about ``memory_bytes`` of memory, and return them
@@ -61,12 +64,21 @@ def shuffle_to_disk(
         expected bucket (a quarter of it) in the second.
     :param bool progress: show a bar of the rows read, both passes together.
     :param bool overwrite: replace files already in ``directory``.
+    :param bool jax_dtypes: write each array in the dtype JAX computes in (``float32`` for
+        ``float64``, ``int32`` for ``int64``, unless x64 is on), so that the kernels use the
+        files as they are; a cast copy of a large memory map is refused
+        (``numpyro_sgmc.data.validation``). ``False`` keeps the arrays' own dtypes.
     :return: ``{name: np.memmap}`` (a tuple for a sequence), rows in the shuffled order.
-    :raises ValueError: arrays of different lengths, or a buffer smaller than a row.
+    :raises ValueError: arrays of different lengths, a buffer smaller than a row, or integers
+        that the ``int32`` of ``jax_dtypes`` cannot hold.
     :raises FileExistsError: an output file exists and ``overwrite`` is false.
     """
     named = _named(arrays)
     n = _num_rows(named)
+    dtypes = {
+        name: jax.dtypes.canonicalize_dtype(a.dtype) if jax_dtypes else np.dtype(a.dtype)
+        for name, a in named.items()
+    }
     row_bytes = sum(_row_bytes(a) for a in named.values())
     if memory_bytes < 8 * row_bytes:
         raise ValueError(
@@ -88,8 +100,8 @@ def shuffle_to_disk(
     work = tempfile.mkdtemp(prefix=".shuffle-", dir=directory)
     bar = tqdm(total=2 * n, unit="row", unit_scale=True, disable=not progress, desc="shuffle")
     try:
-        sizes = _scatter(named, rng, num_buckets, chunk_rows, work, bar)
-        written = _gather(named, rng, sizes, work, bar)
+        sizes = _scatter(named, dtypes, rng, num_buckets, chunk_rows, work, bar)
+        written = _gather(named, dtypes, rng, sizes, work, bar)
         for name, path in written.items():
             os.replace(path, targets[name])  # whole files appear at once, or none
     finally:
@@ -135,8 +147,21 @@ def _row_bytes(a) -> int:
     return int(np.dtype(a.dtype).itemsize * math.prod(np.shape(a)[1:]))
 
 
-def _scatter(named, rng, num_buckets, chunk_rows, work, bar) -> np.ndarray:
-    """First pass: each row to a uniformly random bucket file; the buckets' row counts."""
+def _cast(rows, dtype, name, start) -> np.ndarray:
+    """``rows`` in ``dtype`` (C-contiguous); integers that do not fit are an error."""
+    cast = np.ascontiguousarray(rows, dtype=dtype)
+    if rows.dtype.kind in "iu" and cast.dtype != rows.dtype and not np.array_equal(cast, rows):
+        raise ValueError(
+            f"Array {name!r} holds integers beyond {dtype} (from row {start} on), the dtype "
+            "JAX computes in: pass jax_dtypes=False to keep its dtype (and enable x64 in JAX), "
+            "or store smaller values (indices, codes)."
+        )
+    return cast
+
+
+def _scatter(named, dtypes, rng, num_buckets, chunk_rows, work, bar) -> np.ndarray:
+    """First pass: each row, in its array's output dtype, to a uniformly random bucket file;
+    the buckets' row counts."""
     n = _num_rows(named)
     sizes = np.zeros(num_buckets, np.int64)
     files = {
@@ -152,7 +177,7 @@ def _scatter(named, rng, num_buckets, chunk_rows, work, bar) -> np.ndarray:
             counts = np.bincount(bucket, minlength=num_buckets)
             edges = np.concatenate([[0], np.cumsum(counts)])
             for name, array in named.items():
-                rows = np.ascontiguousarray(np.asarray(array[start:stop])[order])
+                rows = _cast(np.asarray(array[start:stop])[order], dtypes[name], name, start)
                 for k in np.flatnonzero(counts):
                     files[name, k].write(rows[edges[k] : edges[k + 1]].tobytes())
             sizes += counts
@@ -163,14 +188,14 @@ def _scatter(named, rng, num_buckets, chunk_rows, work, bar) -> np.ndarray:
     return sizes
 
 
-def _gather(named, rng, sizes, work, bar) -> dict:
+def _gather(named, dtypes, rng, sizes, work, bar) -> dict:
     """Second pass: each bucket permuted uniformly and appended to the output files (in
     ``work``, renamed into place by the caller)."""
     n = int(sizes.sum())
     paths = {name: os.path.join(work, f"{name}.npy") for name in named}
     outputs = {
         name: np.lib.format.open_memmap(
-            paths[name], mode="w+", dtype=array.dtype, shape=(n, *np.shape(array)[1:])
+            paths[name], mode="w+", dtype=dtypes[name], shape=(n, *np.shape(array)[1:])
         )
         for name, array in named.items()
     }
@@ -179,7 +204,7 @@ def _gather(named, rng, sizes, work, bar) -> dict:
         permutation = rng.permutation(int(size))
         for name, array in named.items():
             bucket = os.path.join(work, f"{name}.{k}")
-            rows = np.fromfile(bucket, dtype=array.dtype).reshape(int(size), *np.shape(array)[1:])
+            rows = np.fromfile(bucket, dtype=dtypes[name]).reshape(int(size), *np.shape(array)[1:])
             outputs[name][position : position + size] = rows[permutation]
             os.remove(bucket)
         position += int(size)

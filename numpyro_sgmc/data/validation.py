@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import inspect
 import math
+import mmap
+import os
 from typing import Callable, Optional
 
 import jax
@@ -183,7 +185,39 @@ def _canonical(x: np.ndarray, label: str) -> np.ndarray:
             "as integers or one-hot columns, parse dates into numbers)."
         )
     dtype = jax.dtypes.canonicalize_dtype(x.dtype)
-    return x if x.dtype == dtype else x.astype(dtype)
+    if x.dtype == dtype:
+        return x
+    copy = x.size * np.dtype(dtype).itemsize
+    if _memory_mapped(x) and copy > _CAST_SHARE * physical_memory():
+        raise ValueError(
+            f"Model {label} is a memory map of dtype {x.dtype} and {x.nbytes / 2**30:.3g} GiB; "
+            f"JAX computes in {np.dtype(dtype).name}, and casting it reads the whole file into "
+            f"memory ({copy / 2**30:.3g} GiB, more than {_CAST_SHARE:.0%} of this machine's "
+            f"{physical_memory() / 2**30:.3g} GiB). Write it once in {np.dtype(dtype).name}: "
+            "numpyro_sgmc.shuffle_to_disk(key, {'X': X, ...}, directory) writes the JAX "
+            "dtypes (and the random order batch_sampling='blocks' needs)."
+        )
+    return x.astype(dtype)
+
+
+_CAST_SHARE = 0.5  # a cast copy of a memory map larger than this share of RAM is refused
+
+
+def physical_memory() -> float:
+    """This machine's RAM in bytes (``inf`` where the system does not say)."""
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows)
+        return math.inf
+
+
+def _memory_mapped(x: np.ndarray) -> bool:
+    """Whether ``x`` (or an array it is a view of) is backed by a memory-mapped file."""
+    while x is not None:
+        if isinstance(x, np.memmap) or isinstance(getattr(x, "base", None), mmap.mmap):
+            return True
+        x = x.base if isinstance(x.base, np.ndarray) else None
+    return False
 
 
 _KINDS = {"O": "Python objects", "U": "strings", "S": "bytes", "M": "dates", "m": "durations"}
