@@ -122,3 +122,54 @@ def test_bad_arguments(logistic):
         warm_start(logistic_regression, KEY, X, y, init_params={"theta": jnp.zeros((4, 3))})
     with pytest.raises(ValueError, match="larger than the data"):
         warm_start(logistic_regression, KEY, X, y, batch_size=10**6)
+
+
+def _newton_mode(X, y, rows, scale):
+    """The float64 mode of the log posterior whose likelihood is ``rows``' times ``scale``."""
+    Xn, yn = np.asarray(X, np.float64)[rows], np.asarray(y, np.float64)[rows]
+    theta = np.zeros(X.shape[1])
+    for _ in range(30):
+        p = 1 / (1 + np.exp(-Xn @ theta))
+        grad = scale * Xn.T @ (yn - p) - theta / PRIOR_SCALE**2
+        hess = scale * (Xn * (p * (1 - p))[:, None]).T @ Xn + np.eye(len(theta)) / PRIOR_SCALE**2
+        theta = theta + np.linalg.solve(hess, grad)
+    return theta
+
+
+def test_a_warm_start_on_a_row_sample_finds_the_samples_mode_and_autotune_the_datas(
+    logistic, monkeypatch
+):
+    """Above ``max_rows`` rows the optimizer runs on a uniform sample (here 2,000 of 20,000
+    rows; batches of 20, 1,000 steps: a fifth of the five epochs' cost): its mode is the
+    sample's (the likelihood of those rows scaled to n), several posterior sds from the
+    data's, and autotune's Newton steps on every row take it to the data's mode: the same
+    tuning as without the sample."""
+    from numpyro_sgmc import autotune, host
+    from numpyro_sgmc.data.model import prepare_model
+    from numpyro_sgmc.tuner import tuning
+    from numpyro_sgmc.tuner.warmstart import _row_sample, warm_start_of
+
+    X, y, mode, post_cov = logistic
+    n = X.shape[0]
+    small = {"subsample_size": 20}
+    prepared = prepare_model(host.key_batch(KEY, 1), logistic_regression, (X, y), small)
+    warm = warm_start_of(prepared, KEY, (X, y), small, 5, check=False, rescale=True,
+                         max_rows=2000)  # fmt: skip
+    assert warm.num_epochs == pytest.approx(1000 * 20 / n)
+    rows, _ = _row_sample(prepared.plates, 2000, host.split_key(KEY, 3)[2])
+    (sample,) = rows.values()
+    sample_mode = _newton_mode(X, y, np.asarray(sample), n / len(sample))
+    found = np.asarray(warm.params["theta"][0], np.float64)
+    sds = np.sqrt(np.diag(post_cov))
+    apart = np.linalg.norm((sample_mode - mode) / sds)
+    to_sample, to_data = (np.linalg.norm((found - m) / sds) for m in (sample_mode, mode))
+    # Adam's tail average on batches of 20 is about one sd from its optimum
+    assert apart > 2 and to_sample < 0.5 * apart < to_data, (apart, to_sample, to_data)
+
+    _, full = autotune(logistic_regression, jax.random.key(1), X, y, model_kwargs=small)
+    monkeypatch.setattr(tuning, "WARM_START_SAMPLE_ROWS", 2000)
+    _, sampled = autotune(logistic_regression, jax.random.key(1), X, y, model_kwargs=small)
+    assert sampled.warm_start.num_epochs == pytest.approx(1.0)
+    assert full.warm_start.num_epochs == pytest.approx(5.0)
+    assert np.max(np.abs(np.asarray(sampled.mode["theta"]) - mode) / sds) < 0.1
+    np.testing.assert_allclose(sampled.predicted_sd, full.predicted_sd, rtol=0.01)

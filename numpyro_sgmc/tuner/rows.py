@@ -38,6 +38,7 @@ __all__ = [
     "WARM_START_ROWS",
     "Stream",
     "batch_sizes",
+    "WARM_START_SAMPLE_ROWS",
     "choose_rows",
     "halvings",
     "rows_per_plate",
@@ -64,6 +65,12 @@ NEWTON_ROWS = 20_000
 
 WARM_START_ROWS = 1_024
 """Rows of the empirical Fisher diagonal that sets the warm start's parameter scales."""
+
+WARM_START_SAMPLE_ROWS = 2**20
+"""Above this many rows, autotune's warm start optimises on a uniform sample of this many:
+each of its epochs then costs ``2²⁰/n`` of a pass over the data (at ``n = 10⁹``, a pass over
+disk), and the Newton steps that follow, on every row, move its mode the ``√(n/m)``
+posterior sds to the full data's."""
 
 WARM_START_CHECK_ROWS = 2_048
 """Rows of the ``J`` per restart with which ``warm_start(check=True)`` measures how far each
@@ -97,9 +104,10 @@ class Stream(Enum):
     * ``LINEARITY_ROWS``: the rows of the linearity check;
     * ``POWER_ITERATION``: the rows and start vector of the tuner's ``λmax(ΓJ)``.
 
-    On the warm-start key: ``WARM_START_ROWS`` (the Fisher diagonal's rows) and
+    On the warm-start key: ``WARM_START_ROWS`` (the Fisher diagonal's rows),
     ``WARM_START_PROBES`` (the prior curvature's probes above
-    :data:`~numpyro_sgmc.tuner.laplace.DENSE_MAX_DIM` parameters).
+    :data:`~numpyro_sgmc.tuner.laplace.DENSE_MAX_DIM` parameters) and ``WARM_START_SAMPLE``
+    (the rows the optimizer runs on, above :data:`WARM_START_SAMPLE_ROWS`).
     """
 
     INFORMATION_ROWS = ("information", ())
@@ -111,6 +119,7 @@ class Stream(Enum):
     POWER_ITERATION = ("information", (14,))
     WARM_START_ROWS = ("warm start", ())
     WARM_START_PROBES = ("warm start", (1,))
+    WARM_START_SAMPLE = ("warm start", (2,))
 
     def rng(self, rng_key) -> np.random.Generator:
         """This stream's NumPy generator for ``rng_key`` (reproducible for a key)."""
@@ -133,15 +142,16 @@ def rows_per_plate(plates, num_rows: int) -> dict:
     return {p.name: int(min(max(mk, 2), p.size)) for p, mk in zip(plates, m, strict=True)}
 
 
-def choose_rows(plates, num_rows, rng_key) -> dict:
+def choose_rows(plates, num_rows, rng_key, stream: "Stream" = None) -> dict:
     """Plate name -> sorted row indices of a uniform subsample of about ``num_rows`` rows
-    without replacement (``None``: every row), from :attr:`Stream.INFORMATION_ROWS`."""
+    without replacement (``None``: every row), from ``stream`` (default
+    :attr:`Stream.INFORMATION_ROWS`)."""
     n = num_data(plates)
     if num_rows is None or num_rows >= n:
         return {p.name: None for p in plates}
     if not isinstance(num_rows, (int, np.integer)) or num_rows < 1:
         raise ValueError(f"num_rows must be None or a positive int, got {num_rows!r}")
-    gen = Stream.INFORMATION_ROWS.rng(rng_key)
+    gen = (Stream.INFORMATION_ROWS if stream is None else stream).rng(rng_key)
     counts = rows_per_plate(plates, int(num_rows))
     rows = {}
     for p in plates:

@@ -5,7 +5,9 @@ model with a subsample plate; the model is traced once and passed down:
 
 1. **warm start** (:func:`~numpyro_sgmc.tuner.warmstart.warm_start`): Adam to the mode ``θ̂``, in
    each parameter's natural scale, from the model's init strategy (the prior median by
-   default) or ``init_params``;
+   default) or ``init_params``; above
+   :data:`~numpyro_sgmc.tuner.rows.WARM_START_SAMPLE_ROWS` rows on a uniform sample of that
+   many, whose mode the Newton steps of step 2 carry to the data's;
 2. **the local picture** (:func:`~numpyro_sgmc.tuner.laplace.fit`): ``J``, ``I``, ``S = J⁻¹IJ⁻¹`` at
    the mode polished by Newton steps, with rows added until the prediction's own error is
    under ``tolerance``, the control-variate noise, and a check that the quadratic holds;
@@ -58,7 +60,7 @@ from numpyro_sgmc.tuner.fisher import plate_noise
 from numpyro_sgmc.tuner.laplace import Problem, fit
 from numpyro_sgmc.tuner.options import AutotuneOptions
 from numpyro_sgmc.tuner.report import TuningReport
-from numpyro_sgmc.tuner.rows import INFORMATION_ROWS, Stream, halvings
+from numpyro_sgmc.tuner.rows import INFORMATION_ROWS, WARM_START_SAMPLE_ROWS, Stream, halvings
 from numpyro_sgmc.tuner.warmstart import WarmStart, warm_start_of
 
 __all__ = ["AutotuneOptions", "autotune"]
@@ -176,7 +178,7 @@ def autotune(
         warm = warm_start_of(
             prepared, key_warm, model_args, model_kwargs, options.warm_start_epochs,
             options.num_restarts, options.learning_rate, init_params=options.init_params,
-            check=False, rescale=True,
+            check=False, rescale=True, max_rows=WARM_START_SAMPLE_ROWS,
         )  # fmt: skip
     problem = Problem(
         prepared._replace(init_params=warm.member(0)), model_args, model_kwargs, options, key_info

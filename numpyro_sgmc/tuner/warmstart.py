@@ -52,6 +52,7 @@ from numpyro_sgmc.tuner.rows import (
     WARM_START_CHECK_ROWS,
     WARM_START_ROWS,
     Stream,
+    choose_rows,
     sample_rows,
 )
 from numpyro_sgmc.tuner.rowsums import fisher_diagonal, global_terms
@@ -166,19 +167,26 @@ def default_optimizer(learning_rate: float, num_iterations: int):
 @partial(
     jax.jit,
     static_argnames=(
-        "spec", "structure", "layout", "optimizer", "learning_rate", "num_iterations"
+        "spec", "structure", "layout", "optimizer", "learning_rate", "num_iterations",
+        "sampled",
     ),
 )  # fmt: skip
 def _optimise(
-    spec, structure, layout, optimizer, learning_rate, num_iterations, z0, scale, keys, arrays
+    spec, structure, layout, optimizer, learning_rate, num_iterations, sampled, z0, scale, keys,
+    rows, arrays,
 ):  # fmt: skip
     """``K`` optimizer runs, vectorised, in the coordinates ``u`` of ``z = z0 + scale ⊙ u``
     (flat); the data are arguments, not compiled-in constants. Returns the tail average, the
     last minibatch gradient and Adam's moments, all in ``z`` (the full-data gradient at the
     mode is :func:`~numpyro_sgmc.data.gradients.exact_gradient`'s, a program the Newton polish
-    compiles anyway)."""
+    compiles anyway).
+
+    ``sampled``: the plates the epochs run over, of the sizes of ``rows`` (plate name -> the
+    sample's row indices, for the plates sampled): a batch is drawn from the sample, and
+    weighted as one from all ``n_p`` rows, so the optimizer finds the mode of the posterior
+    whose likelihood is the sample's scaled to ``n``."""
     n = spec.num_data
-    sampler = batch_sampler(spec.plates, "epochs")
+    sampler = batch_sampler(sampled, "epochs")
     if optimizer is None:
         opt, restart = default_optimizer(learning_rate, num_iterations)
     else:
@@ -202,6 +210,8 @@ def _optimise(
                     ),
                 ) + tuple(opt_state[1:])
             batch, batch_state = sampler.draw(batch_state, k)
+            indices = {p: rows[p][i] if p in rows else i for p, i in batch.indices.items()}
+            batch = batch._replace(indices=indices)
             loss, grad = jax.value_and_grad(loss_fn)(u, batch)
             updates, opt_state = opt.update(grad, opt_state, u)
             u = optax.apply_updates(u, updates)
@@ -349,25 +359,32 @@ def warm_start_of(
     num_check_rows=WARM_START_CHECK_ROWS,
     chunk_size=65536,
     rescale=False,
+    max_rows=None,
 ) -> WarmStart:
     """:func:`warm_start` on a prepared model whose ``init_params`` carry the restart axis.
 
     With ``rescale`` the optimizer works in each parameter's natural scale at the start
     (``_scales``), so that its learning rate means the same for a covariate on any scale;
     a run whose loss turns non-finite is retried from its start at a tenth of the learning rate,
-    twice.
+    twice. With ``max_rows`` and more rows than that, the ``num_epochs`` run over a uniform
+    sample of about ``max_rows`` rows (without replacement; ``_optimise``), for at least
+    ``_MIN_ITERATIONS`` steps, and ``WarmStart.num_epochs`` counts them as passes over all the
+    data.
     """
     if not num_epochs > 0:
         raise ValueError(f"num_epochs must be positive, got {num_epochs!r}.")
     spec, layout = prepared.spec, prepared.layout
     n, b = spec.num_data, spec.batch_size
-    num_iterations = max(1, math.ceil(num_epochs * n / b))
+    key_run, key_check, key_scale = host.split_key(rng_key, 3)
+    rows, sampled = _row_sample(spec.plates, max_rows, key_scale)
+    num_iterations = math.ceil(num_epochs * sum(p.size for p in sampled) / b)
+    # on a sample, still the iterations Adam needs (or those of all the rows, if fewer)
+    num_iterations = max(1, num_iterations, min(math.ceil(num_epochs * n / b), _MIN_ITERATIONS))
     z0 = (
         prepared.init_params
         if init_params is None
         else _restart_axis(init_params, prepared.init_params, num_restarts)
     )
-    key_run, key_check, key_scale = host.split_key(rng_key, 3)
     arrays, structure = split_args(model_args, model_kwargs)
     z0f = layout.ravel(z0)
     scale = _scales(prepared, key_scale, model_args, model_kwargs, z0f) if rescale else None
@@ -376,8 +393,9 @@ def warm_start_of(
     rate = float(learning_rate)
     for _ in range(3 if rescale else 1):
         z, last_grad, mu, nu, losses = _optimise(
-            spec, structure, layout, optimizer, rate, num_iterations, z0f, scale, keys, arrays
-        )
+            spec, structure, layout, optimizer, rate, num_iterations, sampled, z0f, scale, keys,
+            rows, arrays,
+        )  # fmt: skip
         losses = np.asarray(losses)
         finite = np.all(np.isfinite(losses), axis=1)
         finite &= np.all(np.isfinite(np.asarray(layout.ravel(z))), axis=1)
@@ -444,6 +462,25 @@ def warm_start_of(
             ConvergenceWarning,
         )
     return result
+
+
+_MIN_ITERATIONS = 1000  # Adam's steps on a row sample, at least
+
+
+def _row_sample(plates, max_rows, rng_key) -> tuple:
+    """``(rows, sampled)``: plate name -> the sample's row indices (a device array), for the
+    plates sampled, and the plates with the sample's sizes. About ``max_rows`` rows in all
+    (``None``: every row); a plate whose share would be below its batch keeps all its rows."""
+    sample = choose_rows(plates, max_rows, rng_key, Stream.WARM_START_SAMPLE)
+    rows, sampled = {}, []
+    for p in plates:
+        r = sample[p.name]
+        if r is None or len(r) < p.batch_size:
+            sampled.append(p)
+        else:
+            rows[p.name] = host.device_array(r.astype(np.int32))
+            sampled.append(p._replace(size=len(r)))
+    return rows, tuple(sampled)
 
 
 def _restart_axis(init_params, prototype, num_restarts):
