@@ -99,7 +99,7 @@ class Fit(NamedTuple):
     :param dict mode: the polished mode (unconstrained).
     :param information: the :class:`~numpyro_sgmc.tuner.fisher.Information` there.
     :param float newton_step: the first Newton step's length, in posterior sds.
-    :param int passes: extra passes over the data the Newton steps made.
+    :param int passes: passes over the data the Newton steps made (every evaluation of ``U``).
     :param prediction_error: ``(d,)`` relative standard error of the predicted standard
         deviations: the rows' sampling, for a diagonal ``J`` its probes and the correlations
         it leaves out, and the nonlinearity (:func:`linearity_error`).
@@ -143,7 +143,10 @@ def fit(problem: Problem, warm, weights) -> Fit:
         return info
 
     gradient = host.take(warm.gradient, warm.best)
-    mode, distance, passes, info = newton_polish(problem, warm.member(warm.best), gradient, info_at)
+    u = None if warm.potential is None else float(warm.potential[warm.best])
+    mode, distance, passes, info = newton_polish(
+        problem, warm.member(warm.best), gradient, info_at, potential=u
+    )
     if info is None or info.regularization > 0 or options.regularize is not None:
         info = info_at(mode)  # the curvature at the mode, with the user's regularisation
     while True:
@@ -173,6 +176,7 @@ def fit(problem: Problem, warm, weights) -> Fit:
     )  # fmt: skip
     visited += cv_rows
     findings = linearity(problem, mode, target)
+    visited += n  # its exact gradient at the mode
     error = np.sqrt(error**2 + linearity_error(findings, target) ** 2)
     linked = None
     if kind == "diagonal":
@@ -295,7 +299,9 @@ def with_correlations(error, linked: Correlations, weights) -> np.ndarray:
     return error
 
 
-def newton_polish(problem, mode, gradient, info_at, max_passes=20, max_curvatures=12, tol=0.05):
+def newton_polish(
+    problem, mode, gradient, info_at, max_passes=20, max_curvatures=12, tol=0.05, potential=None
+):
     """Damped Newton steps ``θ̂ + J⁻¹ḡ`` from the warm start's mode, with exact full-data
     gradients ``ḡ``: the convergence test of the warm start, relative to the curvature.
 
@@ -308,14 +314,17 @@ def newton_polish(problem, mode, gradient, info_at, max_passes=20, max_curvature
     (the mode not reached) it is lifted to the Levenberg–Marquardt ``J + rI``. ``J`` is
     re-estimated from the information rows (``info_at``) after a long or damped step, or when
     the steps stop shrinking by half; otherwise the same ``J`` is reused (a chord iteration:
-    one pass over the data per step). A mode not reached in ``max_passes`` passes gets a
+    one pass over the data per step). A mode not reached in ``max_passes`` steps gets a
     :class:`~numpyro_sgmc.diagnostics.ConvergenceWarning`.
 
+    :param potential: ``U`` at ``mode`` where known (the pass that gave ``gradient``); else
+        one more pass computes it.
     :param info_at: ``info_at(params, regularize, more_rows=False) -> Information``; a ``J``
         estimated near the mode whose step does not halve the distance is estimated again
         from twice the rows (heavy-tailed rows make a few thousand of them a poor ``J``).
     :return: ``(mode, distance, passes, information)``: the polished mode, the length of the
-        first step in posterior sds, the passes over the data, and the information at the
+        first step in posterior sds, the passes over the data (each evaluation of ``U`` on
+        every row, the line searches' halvings included), and the information at the
         mode (``None`` when the mode moved more than ``tol`` sds since it was estimated).
     """
     prepared = problem.prepared
@@ -324,9 +333,13 @@ def newton_polish(problem, mode, gradient, info_at, max_passes=20, max_curvature
     x = np.asarray(layout.ravel(mode), np.float64)
     trust = max(10.0, 3.0 * math.sqrt(x.size))
     g = np.asarray(layout.ravel(gradient), np.float64)
-    u = float(exact_gradient(prepared.spec, mode, problem.model_args, problem.model_kwargs)[0])
+    steps, passes = 0, 0  # Newton steps taken; evaluations of U on every row
+    if potential is None:
+        spec, data = prepared.spec, (problem.model_args, problem.model_kwargs)
+        potential, passes = float(exact_gradient(spec, mode, *data)[0]), 1
+    u = potential
     info, curvatures, fresh = info_at(mode, "auto"), 1, True  # fresh: J estimated at x
-    first, previous, previous_fresh, passes, settled = None, math.inf, False, 0, False
+    first, previous, previous_fresh, settled = None, math.inf, False, False
     while True:
         curvature = info.potential_curvature
         J = _levenberg_marquardt(curvature)
@@ -339,7 +352,7 @@ def newton_polish(problem, mode, gradient, info_at, max_passes=20, max_curvature
         if exact and distance <= tol:
             x, settled = x + step, True
             break
-        if passes == max_passes:
+        if steps == max_passes:
             break
         contracting = distance <= 0.5 * previous
         if curvatures < max_curvatures and not fresh:
@@ -356,8 +369,10 @@ def newton_polish(problem, mode, gradient, info_at, max_passes=20, max_curvature
                 curvatures, previous = curvatures + 1, math.inf
                 continue
         limited = distance > trust
-        moved = _line_search(problem, x, step * min(1.0, trust / max(distance, 1e-300)), u)
-        passes += 1
+        moved, evaluations = _line_search(
+            problem, x, step * min(1.0, trust / max(distance, 1e-300)), u
+        )
+        steps, passes = steps + 1, passes + evaluations
         if moved is None:  # no step along J⁻¹ḡ lowers U, or U is not finite along it
             break
         x, u, g, fraction = moved
@@ -369,7 +384,7 @@ def newton_polish(problem, mode, gradient, info_at, max_passes=20, max_curvature
     if not settled:
         warn(
             f"The warm start stopped {first:.3g} posterior standard deviations from the mode, "
-            f"and {passes} damped Newton steps did not reach it (the last still "
+            f"and {steps} damped Newton steps did not reach it (the last still "
             f"{distance:.3g} sds long): the predictions, which linearise the model at the "
             "mode, may be off. Run the warm start longer (warm_start_epochs), or check that "
             "the model has a finite mode.",
@@ -406,8 +421,9 @@ def _point(layout, x, dtype) -> dict:
 
 
 def _line_search(problem, x, step, u, halvings=12):
-    """``(x + s, U, ḡ, 2^-k)`` for the longest ``s = step/2^k`` with a finite ``U`` and
-    gradient and ``U`` no more than float rounding above ``u``; ``None`` if there is none."""
+    """``((x + s, U, ḡ, 2^-k), evaluations)`` for the longest ``s = step/2^k`` with a finite
+    ``U`` and gradient and ``U`` no more than float rounding above ``u`` (``None`` if there is
+    none), and the passes over the data it made."""
     prepared = problem.prepared
     layout = prepared.layout
     dtype = layout.ravel(prepared.init_params).dtype
@@ -417,9 +433,9 @@ def _line_search(problem, x, step, u, halvings=12):
         value, g = exact_gradient(prepared.spec, z, problem.model_args, problem.model_kwargs)
         value, g = float(value), np.asarray(layout.ravel(g), np.float64)
         if math.isfinite(value) and np.all(np.isfinite(g)) and value <= u + slack:
-            return x + step, value, g, 0.5**k
+            return (x + step, value, g, 0.5**k), k + 1
         step = step / 2
-    return None
+    return None, halvings
 
 
 def _levenberg_marquardt(J):

@@ -187,7 +187,8 @@ def autotune(
     candidates, alternatives = _candidates(problem, local, weights)
     best = min(candidates, key=lambda c: c.mixing_epochs)
     n = problem.prepared.num_data
-    setup = warm.num_epochs + local.passes + local.rows_visited / n
+    # the optimizer's epochs, then a pass for the exact gradient at each restart's mode
+    setup = warm.num_epochs + warm.num_restarts + local.passes + local.rows_visited / n
     setup += 1.0 if best.tuning.control_variates else 0.0  # the centre's full-data gradient
     choice = Choice(target, weights, best, alternatives, setup)
     return _build(problem, local, warm, choice)

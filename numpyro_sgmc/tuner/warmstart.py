@@ -80,6 +80,8 @@ class WarmStart(NamedTuple):
     :param float num_epochs: passes over the data the optimizer made.
     :param tuple plates: the model's subsample plates.
     :param dict final_gradient: the optimizer's last minibatch gradient of ``L``.
+    :param potential: ``(K,)`` the full-data potential ``U`` at each mode, from the pass that
+        gave ``gradient`` (``None`` where not computed).
     """
 
     params: dict
@@ -94,6 +96,7 @@ class WarmStart(NamedTuple):
     num_epochs: float
     plates: tuple
     final_gradient: Optional[dict] = None
+    potential: Optional[np.ndarray] = None
 
     @property
     def num_restarts(self) -> int:
@@ -414,7 +417,8 @@ def warm_start_of(
         )
     args, kwargs = tuple(model_args), dict(model_kwargs or {})
     modes = [host.take(z, k) for k in range(num_restarts)]
-    grads = [exact_gradient(spec, m, args, kwargs, int(chunk_size))[1] for m in modes]
+    passes = [exact_gradient(spec, m, args, kwargs, int(chunk_size)) for m in modes]
+    grads = [g for _, g in passes]
     gradient = {k: host.device_array(np.stack([np.asarray(g[k]) for g in grads])) for k in z}
     distance = np.full(num_restarts, np.nan)
     d = prepared.layout.size
@@ -450,6 +454,7 @@ def warm_start_of(
         num_epochs=num_iterations * b / n,
         plates=spec.plates,
         final_gradient=last_grad,
+        potential=np.array([float(u) for u, _ in passes]),
     )
     if check and not np.all(converged):
         warn(
