@@ -104,7 +104,10 @@ class WarmStart(NamedTuple):
 
     @property
     def best(self) -> int:
-        """Index of the restart with the lowest loss over its last epoch."""
+        """Index of the restart with the lowest full-data potential (without it, the lowest
+        minibatch loss over its last epoch)."""
+        if self.potential is not None:
+            return int(np.argmin(np.where(np.isfinite(self.potential), self.potential, np.inf)))
         steps = max(1, self.loss.shape[1] // max(1, math.ceil(self.num_epochs)))
         return int(np.argmin(self.loss[:, -steps:].mean(axis=1)))
 
