@@ -60,8 +60,9 @@ def shuffle_to_disk(
     :param directory: where the ``.npy`` files are written (created if missing). The buckets
         of the first pass are written in a temporary folder inside it: it needs free space
         about twice the data's size.
-    :param int memory_bytes: the buffer: rows read at a time in the first pass, the largest
-        expected bucket (a quarter of it) in the second.
+    :param int memory_bytes: the buffer: a quarter of it for the rows read at a time in the
+        first pass (with their copies in bucket order and cast), a bucket of a quarter of it
+        on average in the second.
     :param bool progress: show a bar of the rows read, both passes together.
     :param bool overwrite: replace files already in ``directory``.
     :param bool jax_dtypes: write each array in the dtype JAX computes in (``float32`` for
@@ -94,7 +95,8 @@ def shuffle_to_disk(
             f"{existing[0]} exists: shuffle_to_disk does not replace files unless "
             "overwrite=True (or write to another directory)."
         )
-    chunk_rows = max(1, int(memory_bytes // row_bytes))
+    # a chunk, its rows in bucket order and their cast: three copies, within the buffer
+    chunk_rows = max(1, int(memory_bytes // (4 * row_bytes)))
     num_buckets = max(1, math.ceil(n * row_bytes / (_BUCKET_FILL * memory_bytes)))
     rng = host.host_rng(rng_key)
     work = tempfile.mkdtemp(prefix=".shuffle-", dir=directory)
@@ -103,7 +105,7 @@ def shuffle_to_disk(
         sizes = _scatter(named, dtypes, rng, num_buckets, chunk_rows, work, bar)
         written = _gather(named, dtypes, rng, sizes, work, bar)
         for name, path in written.items():
-            os.replace(path, targets[name])  # whole files appear at once, or none
+            os.replace(path, targets[name])  # each file appears whole or not at all
     finally:
         bar.close()
         shutil.rmtree(work, ignore_errors=True)

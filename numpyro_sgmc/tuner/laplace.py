@@ -656,7 +656,9 @@ def _one_sided_profile(steps, rises, grid):
         inner, outer = np.minimum(u, 2.0), np.maximum(u - 2.0, 0.0)
         b = (r2 - 2.0 * r1) / 2.0
         a = r1 - b
-        if a >= 0 or a + 4 * b <= 0:  # a quadratic rising on [0, 2] (or none that does)
+        # rising from 0 (a >= 0), or falling at 2 (no mode, below): the quadratic; a dip
+        # then a steep rise, as through a wall, is drawn as the straight segments instead
+        if a >= 0 or a + 4 * b <= 0:
             slope, curve = a + 4.0 * b, max(2.0 * b, 0.0)
             values[side] = a * inner + b * inner**2
         else:
