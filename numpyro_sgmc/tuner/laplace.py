@@ -144,8 +144,10 @@ def fit(problem: Problem, warm, weights) -> Fit:
 
     gradient = host.take(warm.gradient, warm.best)
     u = None if warm.potential is None else float(warm.potential[warm.best])
+    # a sample's mode lies about sqrt(d (n/m - 1)) posterior sds from the data's
+    apart = 0.0 if warm.sample_size is None else math.sqrt(d * (n / warm.sample_size - 1.0))
     mode, distance, passes, info = newton_polish(
-        problem, warm.member(warm.best), gradient, info_at, potential=u
+        problem, warm.member(warm.best), gradient, info_at, potential=u, distance=apart
     )
     if info is None or info.regularization > 0 or options.regularize is not None:
         info = info_at(mode)  # the curvature at the mode, with the user's regularisation
@@ -300,25 +302,35 @@ def with_correlations(error, linked: Correlations, weights) -> np.ndarray:
 
 
 def newton_polish(
-    problem, mode, gradient, info_at, max_passes=20, max_curvatures=12, tol=0.05, potential=None
+    problem,
+    mode,
+    gradient,
+    info_at,
+    max_passes=20,
+    max_curvatures=12,
+    tol=0.05,
+    potential=None,
+    distance=0.0,
 ):
     """Damped Newton steps ``θ̂ + J⁻¹ḡ`` from the warm start's mode, with exact full-data
     gradients ``ḡ``: the convergence test of the warm start, relative to the curvature.
 
     The step's length in posterior sds, ``sqrt(n ḡᵀJ⁻¹ḡ)``, is the distance to the mode; the
-    polish stops when it is below ``tol``. Each step is shortened to the trust radius
-    ``max(10, 3√d)`` sds (widened fourfold after a full step at the radius, narrowed to what
+    polish stops when it is below ``tol``. Each step is shortened to the trust radius ``max(10,
+    3√d, 3·distance)`` sds (widened fourfold after a full step at the radius, narrowed to what
     was taken otherwise) and halved until the full-data potential ``U`` is finite and has not
     risen (a backtracking line search: a Newton step can overshoot where the log posterior is
-    far from quadratic, as a hierarchical scale's is). Where ``J`` is not positive definite
-    (the mode not reached) it is lifted to the Levenberg–Marquardt ``J + rI``. ``J`` is
-    re-estimated from the information rows (``info_at``) after a long or damped step, or when
-    the steps stop shrinking by half; otherwise the same ``J`` is reused (a chord iteration:
-    one pass over the data per step). A mode not reached in ``max_passes`` steps gets a
+    far from quadratic, as a hierarchical scale's is). Where ``J`` is not positive definite (the
+    mode not reached) it is lifted to the Levenberg–Marquardt ``J + rI``. ``J`` is re-estimated
+    from the information rows (``info_at``) after a long or damped step, or when the steps stop
+    shrinking by half; otherwise the same ``J`` is reused (a chord iteration: one pass over the
+    data per step). A mode not reached in ``max_passes`` steps gets a
     :class:`~numpyro_sgmc.diagnostics.ConvergenceWarning`.
 
     :param potential: ``U`` at ``mode`` where known (the pass that gave ``gradient``); else
         one more pass computes it.
+    :param float distance: how far, in posterior sds, ``mode`` is expected to be from the
+        data's (a warm start on a row sample's mode), to trust a step that long.
     :param info_at: ``info_at(params, regularize, more_rows=False) -> Information``; a ``J``
         estimated near the mode whose step does not halve the distance is estimated again
         from twice the rows (heavy-tailed rows make a few thousand of them a poor ``J``).
@@ -331,7 +343,7 @@ def newton_polish(
     layout, n = prepared.layout, prepared.num_data
     dtype = layout.ravel(mode).dtype
     x = np.asarray(layout.ravel(mode), np.float64)
-    trust = max(10.0, 3.0 * math.sqrt(x.size))
+    trust = max(10.0, 3.0 * math.sqrt(x.size), 3.0 * distance)
     g = np.asarray(layout.ravel(gradient), np.float64)
     steps, passes = 0, 0  # Newton steps taken; evaluations of U on every row
     if potential is None:

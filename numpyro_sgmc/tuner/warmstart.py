@@ -82,6 +82,7 @@ class WarmStart(NamedTuple):
     :param dict final_gradient: the optimizer's last minibatch gradient of ``L``.
     :param potential: ``(K,)`` the full-data potential ``U`` at each mode, from the pass that
         gave ``gradient`` (``None`` where not computed).
+    :param sample_size: the rows of the sample the optimizer ran on (``None``: all of them).
     """
 
     params: dict
@@ -97,6 +98,7 @@ class WarmStart(NamedTuple):
     plates: tuple
     final_gradient: Optional[dict] = None
     potential: Optional[np.ndarray] = None
+    sample_size: Optional[int] = None
 
     @property
     def num_restarts(self) -> int:
@@ -458,6 +460,7 @@ def warm_start_of(
         plates=spec.plates,
         final_gradient=last_grad,
         potential=np.array([float(u) for u, _ in passes]),
+        sample_size=sum(p.size for p in sampled) if rows else None,
     )
     if check and not np.all(converged):
         warn(
