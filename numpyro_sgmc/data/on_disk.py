@@ -102,7 +102,7 @@ def shuffle_to_disk(
     work = tempfile.mkdtemp(prefix=".shuffle-", dir=directory)
     bar = tqdm(total=2 * n, unit="row", unit_scale=True, disable=not progress, desc="shuffle")
     try:
-        sizes = _scatter(named, dtypes, rng, num_buckets, chunk_rows, work, bar)
+        sizes = _scatter(named, n, dtypes, rng, num_buckets, chunk_rows, work, bar)
         written = _gather(named, dtypes, rng, sizes, work, bar)
         for name, path in written.items():
             os.replace(path, targets[name])  # each file appears whole or not at all
@@ -161,10 +161,9 @@ def _cast(rows, dtype, name, start) -> np.ndarray:
     return cast
 
 
-def _scatter(named, dtypes, rng, num_buckets, chunk_rows, work, bar) -> np.ndarray:
+def _scatter(named, n, dtypes, rng, num_buckets, chunk_rows, work, bar) -> np.ndarray:
     """First pass: each row, in its array's output dtype, to a uniformly random bucket file;
     the buckets' row counts."""
-    n = _num_rows(named)
     sizes = np.zeros(num_buckets, np.int64)
     files = {
         (name, k): open(os.path.join(work, f"{name}.{k}"), "wb")
