@@ -39,6 +39,7 @@ from jax import lax
 from numpyro_sgmc.compilation import one_shot_jit
 from numpyro_sgmc.data.batches import batch_sampler
 from numpyro_sgmc.data.model import ModelSpec, chunked_batches, potential, split_args
+from numpyro_sgmc.data.subsample import first_batch
 
 __all__ = [
     "Centre",
@@ -47,8 +48,10 @@ __all__ = [
     "batch_gradient",
     "control_variates",
     "exact_gradient",
+    "fed_minibatch",
     "full_data_gradient",
     "minibatch",
+    "sampler_state",
 ]
 
 
@@ -106,6 +109,35 @@ def minibatch(spec: ModelSpec, batch_sampling: str = "with_replacement") -> Esti
         return gradient(position, batch, model_args, model_kwargs), state
 
     return Estimator(init, estimate)
+
+
+def fed_minibatch(spec: ModelSpec, batch_sampling: str = "with_replacement") -> Estimator:
+    """:func:`minibatch` for rows fed with each step: the per-row model arguments given to
+    ``estimate`` hold only the batch's ``b_p`` rows, in the order the sampler drew their
+    indices (:mod:`~numpyro_sgmc.data.streaming` reads them from a file ahead of the steps), and
+    the model runs on all of them, each plate still scaled by ``n_p / b_p``. The sampler
+    draws as :func:`minibatch`'s from the same state and key, so its state (``"epochs"``)
+    advances as in memory; its indices are those the feed was read at."""
+    sampler = batch_sampler(spec.plates, batch_sampling)
+    gradient = batch_gradient(spec)
+    rows = first_batch(spec.plates)
+
+    def init(rng_key, centre, model_args, model_kwargs):
+        return sampler.init(rng_key)
+
+    def estimate(state, position, rng_key, model_args, model_kwargs):
+        _, state = sampler.draw(state, rng_key)
+        return gradient(position, rows, model_args, model_kwargs), state
+
+    return Estimator(init, estimate)
+
+
+def sampler_state(estimator_state):
+    """The batch sampler's state within a kernel's estimator state (:func:`minibatch`,
+    :func:`fed_minibatch`, or either inside :func:`control_variates`)."""
+    if isinstance(estimator_state, ControlVariateState):
+        return estimator_state.inner
+    return estimator_state
 
 
 def control_variates(estimator: Estimator, full_gradient: Callable) -> Estimator:

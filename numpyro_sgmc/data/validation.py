@@ -43,6 +43,7 @@ __all__ = [
     "check_indexed_rows",
     "check_types",
     "empty_arguments",
+    "memory_mapped",
     "nonnegative_int",
     "number_in",
     "positive_int",
@@ -188,7 +189,7 @@ def _canonical(x: np.ndarray, label: str) -> np.ndarray:
     if x.dtype == dtype:
         return x
     copy = x.size * np.dtype(dtype).itemsize
-    if _memory_mapped(x) and copy > _CAST_SHARE * physical_memory():
+    if memory_mapped(x) and copy > _CAST_SHARE * physical_memory():
         raise ValueError(
             f"Model {label} is a memory map of dtype {x.dtype} and {x.nbytes / 2**30:.3g} GiB; "
             f"JAX computes in {np.dtype(dtype).name}, and casting it reads the whole file into "
@@ -211,7 +212,7 @@ def physical_memory() -> float:
         return math.inf
 
 
-def _memory_mapped(x: np.ndarray) -> bool:
+def memory_mapped(x: np.ndarray) -> bool:
     """Whether ``x`` (or an array it is a view of) is backed by a memory-mapped file."""
     while x is not None:
         if isinstance(x, np.memmap) or isinstance(getattr(x, "base", None), mmap.mmap):

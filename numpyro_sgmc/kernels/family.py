@@ -39,7 +39,12 @@ from numpyro_sgmc import host
 from numpyro_sgmc.compilation import one_shot_jit
 from numpyro_sgmc.data import sharding
 from numpyro_sgmc.data.batches import BATCH_SAMPLING
-from numpyro_sgmc.data.gradients import control_variates, full_data_gradient, minibatch
+from numpyro_sgmc.data.gradients import (
+    control_variates,
+    fed_minibatch,
+    full_data_gradient,
+    minibatch,
+)
 from numpyro_sgmc.data.model import constrain
 from numpyro_sgmc.kernels.core import tree_all_finite
 
@@ -214,15 +219,23 @@ def estimator_and_check(config) -> tuple:
         config.batch_sampling,
         config.control_variates,
         config.chunk_size,
+        config.fed_rows,
     )
     valid = valid_constrained(config.spec, config.exclude) if config.check_support else None
     return estimator, valid
 
 
-def estimator_for(spec, shards, batch_sampling: str, control: bool, chunk_size: int):
+def estimator_for(
+    spec, shards, batch_sampling: str, control: bool, chunk_size: int, fed_rows: bool = False
+):
     """The gradient estimator of a kernel: minibatch, data-parallel over ``shards`` when the
-    data are sharded, wrapped in control variates when ``control``."""
-    if shards is None:
+    data are sharded, on rows given with each step when ``fed_rows``
+    (:func:`~numpyro_sgmc.data.gradients.fed_minibatch`), wrapped in control variates when
+    ``control``."""
+    if fed_rows:
+        base = fed_minibatch(spec, batch_sampling)
+        full = partial(full_data_gradient, spec, chunk_size=chunk_size)
+    elif shards is None:
         base = minibatch(spec, batch_sampling)
         full = partial(full_data_gradient, spec, chunk_size=chunk_size)
     else:

@@ -64,6 +64,7 @@ class SGHMCConfig(NamedTuple):
     num_warmup_steps: int
     check_support: bool
     exclude: frozenset
+    fed_rows: bool = False  # batches' rows given with each step (data.streaming)
 
 
 class SGHMCDynamics(NamedTuple):

@@ -58,6 +58,7 @@ class LangevinConfig(NamedTuple):
     average_after: Optional[int]  # SGD: warm-up iterations before the iterate average starts
     check_support: bool
     exclude: frozenset
+    fed_rows: bool = False  # batches' rows given with each step (data.streaming)
 
 
 class LangevinDynamics(NamedTuple):

@@ -17,7 +17,7 @@ from typing import Optional
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import identity
 
-from numpyro_sgmc.data import validation
+from numpyro_sgmc.data import streaming, validation
 from numpyro_sgmc.data.model import constrain
 from numpyro_sgmc.data.progress import interrupts
 from numpyro_sgmc.data.subsample import full_data
@@ -196,6 +196,7 @@ class SGMCKernel(MCMCKernel):
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         """The initial state (:func:`~numpyro_sgmc.kernels.setup.start`)."""
         data = validation.as_arrays(self._model, model_args, model_kwargs)
+        streaming.refuse_in_mcmc(self._recipe.name, *data)
         self.step_check = self.auto_step = None
         begun = setup.start(self._recipe, self._model, rng_key, num_warmup, init_params, *data)
         self._prepared, self._config, self._batched = begun.prepared, begun.config, begun.batched

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax, random
 
-from numpyro_sgmc.data import validation
+from numpyro_sgmc.data import streaming, validation
 from numpyro_sgmc.data.model import constrain, split_args, total_batch
 from numpyro_sgmc.data.progress import EpochProgress, interrupts
 from numpyro_sgmc.diagnostics import (
@@ -56,7 +56,6 @@ from numpyro_sgmc.diagnostics import (
     divergence_message,
     warn,
 )
-from numpyro_sgmc.kernels.core import draw
 from numpyro_sgmc.kernels.shell import SGMCKernel
 from numpyro_sgmc.running.checkpoint import (
     CheckpointWriter,
@@ -125,33 +124,58 @@ class KernelRun(NamedTuple):
 
 @partial(
     jax.jit,
-    static_argnames=("build", "config", "structure", "num_steps", "batched", "size"),
+    static_argnames=("build", "config", "structure", "num_steps", "batched", "size", "fed"),
 )
 def _chunk(
-    build, config, structure, num_steps, batched, size, state, num_warmup, num_kept, thinning,
-    arrays,
+    build, config, structure, num_steps, batched, size, fed, state, num_warmup, num_kept,
+    thinning, offset, arrays, rows,
 ):  # fmt: skip
     """``num_warmup`` draws, then ``num_kept`` kept draws (each the last of ``thinning``
     draws), constrained, in the first rows of a buffer of ``size`` rows. The counts are
     arguments, not constants: one compilation serves every chunk and every run of a kernel
-    on data of the same shapes."""
-    args, kwargs = structure.rebuild(arrays)
-    one = draw(build(config), num_steps)
-    step = jax.vmap(one, (0, None, None)) if batched else one
+    on data of the same shapes.
 
-    def postprocess(z):
-        values = partial(constrain, config.spec, model_args=args, model_kwargs=kwargs)
-        values = partial(values, exclude=config.exclude)
-        return jax.vmap(values)(z) if batched else values(z)
+    ``fed``: the positions in ``arrays`` of the arguments fed row by row
+    (:mod:`~numpyro_sgmc.data.streaming`; ``None`` there), and ``rows`` their rows, one batch
+    per step (``(steps, b_p, ...)``, chain axis first when ``batched``): draw ``j`` of the
+    chunk runs on the batches ``(offset + j)·num_steps`` to ``(offset + j + 1)·num_steps - 1``."""
+    kernel = build(config)
+    axes = tuple(0 if k in fed else None for k in range(len(arrays)))
 
-    state = lax.fori_loop(0, num_warmup, lambda _, s: step(s, args, kwargs), state)
-    shapes = jax.eval_shape(postprocess, state.z)
+    def on_chains(fn):  # fn(state or z, arrays) of one chain
+        return jax.vmap(fn, (0, axes)) if batched else fn
+
+    def at(t):  # the arrays of step t of the chunk
+        t = t + offset * num_steps
+        leaves = list(arrays)
+        for k, r in zip(fed, rows, strict=True):
+            leaves[k] = lax.dynamic_index_in_dim(r, t, axis=int(batched), keepdims=False)
+        return tuple(leaves)
+
+    def one_step(s, leaves):
+        args, kwargs = structure.rebuild(leaves)
+        return kernel.step(s, args, kwargs)
+
+    def one_value(z, leaves):
+        args, kwargs = structure.rebuild(leaves)
+        return constrain(config.spec, z, args, kwargs, exclude=config.exclude)
+
+    step, values = on_chains(one_step), on_chains(one_value)
+
+    def advance(d, state):  # draw d of the chunk (kernels.core.draw, on the chunk's batches)
+        start = state.num_diverging
+        state = lax.fori_loop(0, num_steps, lambda j, s: step(s, at(d * num_steps + j)), state)
+        return state._replace(diverging=state.num_diverging > start)
+
+    state = lax.fori_loop(0, num_warmup, advance, state)
+    shapes = jax.eval_shape(values, state.z, at(0))
     buffer = jax.tree.map(lambda x: jnp.zeros((size,) + x.shape, x.dtype), shapes)
 
     def keep(k, carry):
         state, buffer = carry
-        state = lax.fori_loop(0, thinning, lambda _, s: step(s, args, kwargs), state)
-        value = postprocess(state.z)
+        first = num_warmup + k * thinning
+        state = lax.fori_loop(first, first + thinning, advance, state)
+        value = values(state.z, at((first + thinning) * num_steps - 1))
         return state, jax.tree.map(lambda b, v: b.at[k].set(v), buffer, value)
 
     return lax.fori_loop(0, num_kept, keep, (state, buffer))
@@ -239,8 +263,6 @@ def run_kernel(
             run = _continued(kernel, rng_key, previous, model_args, model_kwargs, given,
                              init_params)  # fmt: skip
         arrays, structure = split_args(model_args, model_kwargs)
-        # NumPy data reach the device once, not once per chunk
-        arrays = tuple(jax.device_put(a) if isinstance(a, np.ndarray) else a for a in arrays)
         return _sample(kernel, run, structure, arrays, num_samples, progress_bar, checkpoint,
                        checkpoint_every)  # fmt: skip
     finally:
@@ -253,7 +275,8 @@ def _start(kernel, rng_key, model_args, model_kwargs, num_warmup, thinning, num_
     if rng_key is None:
         raise TypeError("rng_key must be a PRNG key (None only with previous=...).")
     keys = rng_key if num_chains == 1 else random.split(rng_key, num_chains)
-    state = kernel.init(keys, num_warmup, init, model_args, model_kwargs)
+    with streaming.runner():  # file-backed data allowed
+        state = kernel.init(keys, num_warmup, init, model_args, model_kwargs)
     found = fingerprint(kernel, kernel.config, state.params, sets_scales(init), model_args,
                         model_kwargs)  # fmt: skip
     return KernelRun(
@@ -314,54 +337,65 @@ class _Schedule:
 
 def _sample(kernel, run, structure, arrays, num_samples, progress_bar, checkpoint, every):
     """The chunk loop of :func:`run_kernel` from ``run``, for ``num_samples`` more kept draws:
-    the rest of the warm-up, then the kept draws, a checkpoint every ``every`` of them."""
+    the rest of the warm-up, then the kept draws, a checkpoint every ``every`` of them. With
+    file-backed data each chunk's batches are read while the chunk before it runs
+    (:mod:`~numpyro_sgmc.data.streaming`)."""
     config, thinning, batched = run.config, run.thinning, run.num_chains > 1
     warmup_left = max(0, run.num_warmup - run.num_draws)
     asked = run.num_draws + warmup_left + num_samples * thinning
     size = _buffer_rows(config, structure, batched, run.last_state.z, arrays)
+    feed = _row_feed(kernel, config, arrays, run)
+    fed = () if feed is None else feed.fed.leaves
+    if feed is not None:  # the chunks take the batches' rows, not the data
+        arrays = tuple(None if k in fed else a for k, a in enumerate(arrays))
+        config = config._replace(fed_rows=True)
+        feed.start(run.last_state, warmup_left, asked - run.num_draws)
+    # NumPy data reach the device once, not once per chunk
+    arrays = tuple(jax.device_put(a) if isinstance(a, np.ndarray) else a for a in arrays)
     progress = _progress_bar(kernel, config, asked) if progress_bar else None
     writer = None if checkpoint is None else CheckpointWriter(checkpoint, _settings(kernel, run))
     period = None if every is None else every * thinning  # draws between two checkpoints
     state, draws = run.last_state, run.num_draws
     parts = [run.samples] if run.samples else []
-    kept = pending = 0  # kept draws of this call; draws since the last checkpoint
     schedule, interrupted = _Schedule(), False
+    plan = _Plan(warmup_left, num_samples, thinning, period, size)
     if not interrupts.installed():  # kernel.init armed it: a Ctrl-C since then counts
         interrupts.arm()
     interrupts.start()
     try:
-        while warmup_left or kept < num_samples:
+        while not plan.finished:
             if interrupts.poll():
                 interrupted = True
                 break
-            room = None if period is None else period - pending
-            if warmup_left:
-                n_warm, n_kept = schedule.next(min(warmup_left, room or warmup_left)), 0
-            else:
-                limit = min(num_samples - kept, size, (room or math.inf) // thinning)
-                n_warm, n_kept = 0, max(1, min(limit, schedule.next(limit * thinning) // thinning))
+            rows, offset, available = (), 0, math.inf
+            if feed is not None:  # the rows of the next draws (the feed after reads on)
+                rows, offset, available = feed.window()
+            n_warm, n_kept = chunk = plan.next(schedule, available)
             units = n_warm + n_kept * thinning
             start = time.perf_counter()
             state, buffer = _chunk(
-                kernel.family.build, config, structure, kernel.num_steps, batched, size, state,
-                n_warm, n_kept, thinning, arrays,
+                kernel.family.build, config, structure, kernel.num_steps, batched, size, fed,
+                state, n_warm, n_kept, thinning, offset, arrays, rows,
             )  # fmt: skip
             jax.block_until_ready(state)
             schedule.record(units, time.perf_counter() - start)
-            draws, pending, warmup_left = draws + units, pending + units, warmup_left - n_warm
+            due = plan.done(chunk)
+            if feed is not None:
+                feed.consume(units)
+            draws += units
             if n_kept:
                 parts.append(jax.tree.map(partial(_to_host, n_kept, batched), buffer))
-                kept += n_kept
             if progress is not None:
                 progress.advance(_first(state.i))
-            if writer is not None and (pending == period or (n_warm and not warmup_left)):
+            if writer is not None and due:
                 writer.write(state, parts, draws, finished=False)
-                pending = 0
     finally:
         interrupts.stop()
         if progress is not None:
             progress.close()
-    if writer is not None and (pending or interrupted or not parts):
+        if feed is not None:
+            feed.close()
+    if writer is not None and (plan.pending or interrupted or not parts):
         writer.write(state, parts, draws, finished=not interrupted)
     result = run._replace(
         samples=concatenate(parts),
@@ -376,10 +410,62 @@ def _sample(kernel, run, structure, arrays, num_samples, progress_bar, checkpoin
             f"run_kernel: interrupted (Ctrl-C) after {draws} of {asked} draws (warm-up "
             f"included): the KernelRun holds the {result.num_samples} kept draws made so far "
             "(per chain). Continue it with run_kernel(kernel, None, *run.model_args, "
-            f"num_samples={num_samples - kept}, previous=run).",
+            f"num_samples={num_samples - plan.kept}, previous=run).",
             InterruptWarning,
         )
     return result
+
+
+class _Plan:
+    """The chunks of a run as ``(warm-up draws, kept draws)``: the warm-up first, then the kept
+    draws, each chunk as long as the :class:`_Schedule` says, at most ``size`` kept draws (the
+    chunk's buffer), and none across a checkpoint (every ``period`` draws) or the end of
+    warm-up."""
+
+    def __init__(self, warmup_left: int, num_samples: int, thinning: int, period, size: int):
+        self.warmup_left, self.num_samples, self.thinning = warmup_left, num_samples, thinning
+        self.period, self.size = period, size
+        self.kept = self.pending = 0  # kept draws run; draws since the last checkpoint
+
+    @property
+    def finished(self) -> bool:
+        return not (self.warmup_left or self.kept < self.num_samples)
+
+    def next(self, schedule, available=math.inf):
+        """The next chunk, of at most ``available`` draws (what a feed of rows has left)."""
+        room = math.inf if self.period is None else self.period - self.pending
+        if self.warmup_left:
+            return schedule.next(min(self.warmup_left, room, available)), 0
+        limit = min(self.num_samples - self.kept, self.size, room // self.thinning,
+                    available // self.thinning)  # fmt: skip
+        return 0, max(1, min(limit, schedule.next(limit * self.thinning) // self.thinning))
+
+    def done(self, chunk) -> bool:
+        """Count ``chunk`` as run; whether a checkpoint is due after it (``period`` draws
+        since the last, or the end of warm-up)."""
+        n_warm, n_kept = chunk
+        self.warmup_left -= n_warm
+        self.kept += n_kept
+        self.pending += n_warm + n_kept * self.thinning
+        due = self.pending == self.period or bool(n_warm and not self.warmup_left)
+        if due:
+            self.pending = 0
+        return due
+
+
+def _row_feed(kernel, config, arrays, run):
+    """A :class:`~numpyro_sgmc.data.streaming.RowFeed` for file-backed data (``None`` for data
+    in memory, or where one draw's rows would exceed ``MAX_DRAW_BYTES``: a full batch of a
+    large file, read in place)."""
+    if not any(streaming.file_backed(a) for a in arrays) or config.shards is not None:
+        return None
+    fed = streaming.fed_rows(arrays, config.spec.plates)
+    feed = streaming.RowFeed(config.spec, config.batch_sampling, arrays, fed, run.num_chains,
+                             run.num_chains > 1, kernel.num_steps, run.thinning)  # fmt: skip
+    if feed.draw_bytes > streaming.MAX_DRAW_BYTES:
+        feed.close()
+        return None
+    return feed
 
 
 def _first(x) -> int:
@@ -484,7 +570,7 @@ def load_run(
     model_args, model_kwargs = validation.as_arrays(model, model_args, model_kwargs)
     num_chains = int(meta["num_chains"])
     keys = random.key(0) if num_chains == 1 else random.split(random.key(0), num_chains)
-    with warnings.catch_warnings():  # of the template's start, not where the run stopped
+    with warnings.catch_warnings(), streaming.runner():  # a template: not where the run stopped
         warnings.simplefilter("ignore", CentreWarning)
         template = kernel.init(keys, int(meta["num_warmup"]), None, model_args, model_kwargs)
     now = fingerprint(kernel, kernel.config, template.params, False, model_args, model_kwargs)

@@ -1,0 +1,250 @@
+"""Batches read from file-backed data ahead of the steps that use them.
+
+A chain's batches are a function of its key and its batch sampler's state alone
+(:mod:`~numpyro_sgmc.data.gradients`): step ``t`` splits the key in three and draws its
+indices with the second (:mod:`~numpyro_sgmc.data.batches`), whatever the position. So the
+indices of the next ``S`` steps can be drawn before the steps run, by a small compiled program
+of the key splits and the sampler only (:func:`batch_indices`). :class:`RowFeed` gathers those
+rows of every per-row argument on the host (``np.take`` on the memory map: one contiguous run
+per batch for ``batch_sampling="blocks"``, a page per row for the random samplers), stacks
+them as ``(S, b_p, ...)`` and puts them on the device; the runner's compiled chunk then runs
+the ``S`` steps with :func:`~numpyro_sgmc.data.gradients.fed_minibatch`, step ``t`` on the
+``t``-th batch. The draws are those of the run on the same data in memory, for the same key
+(the same batches, noise and updates, up to the order of floating-point sums).
+
+The rows of chunk ``k + 1`` are read on a background thread while the device runs chunk ``k``
+(NumPy's gather and the page faults release the GIL), so the reads cost no sampling time
+while they are faster than the steps. What stays in memory: the non-per-row arguments, two
+feeds of at most :data:`FEED_BYTES`, and the pages of the file the operating system caches.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import numpy as np
+from jax import lax, random
+
+from numpyro_sgmc.data.batches import batch_sampler
+from numpyro_sgmc.data.gradients import sampler_state
+from numpyro_sgmc.data.validation import memory_mapped
+
+__all__ = [
+    "FEED_BYTES",
+    "MAX_DRAW_BYTES",
+    "FedRows",
+    "RowFeed",
+    "batch_indices",
+    "fed_rows",
+    "file_backed",
+    "refuse_in_mcmc",
+    "runner",
+]
+
+FEED_BYTES = 2**25
+"""Bytes of rows one feed holds (32 MB), or one kept draw's (``thinning`` draws) if more."""
+
+MAX_DRAW_BYTES = 2**28
+"""Rows of one draw (``num_steps`` batches) above which a run reads the data in place."""
+
+_RUNNER = contextvars.ContextVar("numpyro_sgmc_runner", default=False)
+
+
+def file_backed(x) -> bool:
+    """Whether ``x`` is a NumPy array backed by a memory-mapped file
+    (``np.load(path, mmap_mode="r")``, ``np.lib.format.open_memmap``, or a view of one)."""
+    return isinstance(x, np.ndarray) and memory_mapped(x)
+
+
+@contextmanager
+def runner():
+    """Marks a kernel ``init`` as :func:`~numpyro_sgmc.run_kernel`'s (file-backed data
+    allowed)."""
+    token = _RUNNER.set(True)
+    try:
+        yield
+    finally:
+        _RUNNER.reset(token)
+
+
+def refuse_in_mcmc(name: str, model_args, model_kwargs):
+    """A kernel's ``init`` outside :func:`~numpyro_sgmc.run_kernel` refuses file-backed data:
+    ``MCMC`` passes every argument whole to its compiled loop (on an accelerator, a copy of
+    the file in device memory; on CPU, random page reads from the file at every step)."""
+    if _RUNNER.get():
+        return
+    leaves = jax.tree.leaves((tuple(model_args), dict(model_kwargs or {})))
+    found = [x for x in leaves if file_backed(x)]
+    if found:
+        shapes = ", ".join(str(x.shape) for x in found)
+        raise ValueError(
+            f"A model argument is a memory-mapped file (shape {shapes}). numpyro.infer.MCMC "
+            "takes in-memory arrays: it hands every argument whole to its compiled loop. Run "
+            f"this {name} kernel with numpyro_sgmc.run_kernel(kernel, key, *data, "
+            "num_samples=...), which reads each batch's rows from the file on a background "
+            "thread (or load the data into memory: np.asarray(X))."
+        )
+
+
+class FedRows(NamedTuple):
+    """Which model-argument arrays a run feeds row by row.
+
+    :param tuple leaves: positions (in :func:`~numpyro_sgmc.data.model.split_args`'s
+        arrays) of the arguments whose rows are a subsample plate's.
+    :param tuple plates: the plate name of each of them.
+    """
+
+    leaves: tuple
+    plates: tuple
+
+
+def fed_rows(arrays, plates) -> FedRows:
+    """The arrays to feed: those with as many rows as a subsample plate has data (each plate's
+    data are its per-row arguments, as for sharded data, :mod:`~numpyro_sgmc.data.sharding`).
+
+    :raises ValueError: two plates of the same size (the rows would be ambiguous), or a plate
+        of which no argument has its rows.
+    """
+    sizes = {}
+    for p in plates:
+        if p.size in sizes:
+            raise ValueError(
+                f"Subsample plates '{sizes[p.size]}' and '{p.name}' both have {p.size} rows, so "
+                "the per-row arguments of file-backed data are ambiguous. Load the data of one "
+                "of them into memory, or run the model with numpyro.infer.MCMC on in-memory "
+                "arrays."
+            )
+        sizes[p.size] = p.name
+    leaves, names = [], []
+    for k, x in enumerate(arrays):
+        name = sizes.get(np.shape(x)[0]) if np.ndim(x) else None
+        if name is not None:
+            leaves.append(k)
+            names.append(name)
+    for p in plates:
+        if p.name not in names:
+            raise ValueError(
+                f"Subsample plate '{p.name}' ({p.size} rows) has no model argument with "
+                f"{p.size} rows; with file-backed data the per-row arguments are fed one "
+                "batch at a time, found by their number of rows."
+            )
+    return FedRows(tuple(leaves), tuple(names))
+
+
+@partial(jax.jit, static_argnames=("plates", "method", "length", "batched"))
+def batch_indices(plates, method, length, batched, steps, rng_key, state):
+    """The indices of the next ``steps`` (at most ``length``) steps of each chain, and the
+    key and sampler state after them: the key splits of
+    :func:`~numpyro_sgmc.kernels.core.build_kernel`'s ``step`` and the sampler's draws, without
+    the steps. Returns ``(indices, rng_key, state)``, ``indices`` plate -> ``(length, b_p)``
+    (chain axis first when ``batched``); the steps past ``steps`` repeat the last key."""
+    sampler = batch_sampler(plates, method)
+
+    def one(rng_key, state):
+        def body(carry, t):
+            key, state = carry
+            key_next, key_gradient, _ = random.split(key, 3)
+            batch, state_next = sampler.draw(state, key_gradient)
+            carry = lax.cond(t < steps, lambda: (key_next, state_next), lambda: carry)
+            return carry, batch.indices
+
+        (rng_key, state), indices = lax.scan(body, (rng_key, state), np.arange(length))
+        return indices, rng_key, state
+
+    return jax.vmap(one)(rng_key, state) if batched else one(rng_key, state)
+
+
+class RowFeed:
+    """The rows of each coming chunk's batches, read from the host arrays on a background
+    thread (module docstring).
+
+    :param spec: the model's :class:`~numpyro_sgmc.data.model.ModelSpec`.
+    :param str method: the kernel's ``batch_sampling``.
+    :param arrays: the model arguments' arrays (host or device), as
+        :func:`~numpyro_sgmc.data.model.split_args` gives them.
+    :param FedRows fed: which of them to feed (:func:`fed_rows`).
+    :param int num_chains: chains of the run.
+    :param bool batched: whether the state has a chain axis.
+    :param int num_steps: iterations per draw; a feed holds whole draws.
+    :param int thinning: draws per kept draw; a feed holds whole kept draws.
+    """
+
+    def __init__(self, spec, method, arrays, fed, num_chains, batched, num_steps, thinning):
+        self.plates, self.method, self.fed, self.batched = spec.plates, method, fed, batched
+        self.sources = [np.asarray(arrays[k]) for k in fed.leaves]  # a memory map stays one
+        batch = {p.name: p.batch_size for p in spec.plates}
+        per_step = num_chains * sum(
+            batch[name] * x[:1].nbytes for name, x in zip(fed.plates, self.sources, strict=True)
+        )
+        self.draw_bytes = per_step * num_steps
+        self.draws = max(1, FEED_BYTES // max(1, self.draw_bytes) // thinning) * thinning
+        self.length = self.draws * num_steps  # steps per feed: every feed has this shape
+        self.num_steps = num_steps
+        self.key = self.state = self.sizes = self.next = None
+        self.current, self.offset, self.size = (), 0, 0
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="numpyro_sgmc-rows")
+
+    def start(self, state, warmup_draws: int, draws: int):
+        """Read on from ``state`` (a kernel state, chain axis first when batched), for a run
+        of ``draws`` more draws of which the first ``warmup_draws`` are warm-up. The warm-up's
+        last feed ends with it, so that every later feed holds whole kept draws."""
+        self.key, self.state = state.rng_key, sampler_state(state.estimator)
+        self.sizes = self._sizes(warmup_draws, draws)
+        self.current, self.offset = (), 0
+        self.next = self._read()
+
+    def window(self) -> tuple:
+        """``(rows, offset, available)``: the feed the next chunk runs on, the draw of it to
+        start at, and the draws left in it (the next feed's read starts when this one is
+        taken)."""
+        if self.offset == self.size and self.next is not None:
+            (self.current, self.size), self.offset = self.next.result(), 0
+            self.next = self._read()
+        return self.current, self.offset, self.size - self.offset
+
+    def consume(self, draws: int):
+        """Count ``draws`` of the current feed as run."""
+        self.offset += draws
+
+    def _sizes(self, warmup_draws, draws):
+        for left in (warmup_draws, draws - warmup_draws):
+            while left > 0:
+                size = min(self.draws, left)
+                left -= size
+                yield size
+
+    def _read(self):
+        """A future of the next feed and its draws, or ``None`` after the last."""
+        draws = next(self.sizes, None)
+        if draws is None:
+            return None
+        steps = draws * self.num_steps
+        indices, self.key, self.state = batch_indices(
+            self.plates, self.method, self.length, self.batched, steps, self.key, self.state
+        )
+        return self.pool.submit(lambda: (self._gather(indices, steps), draws))
+
+    def _gather(self, indices, steps):
+        out, used = [], {}
+        for name, source in zip(self.fed.plates, self.sources, strict=True):
+            if name not in used:  # the steps this read is for, of every chain
+                idx = np.asarray(indices[name])
+                used[name] = idx[:, :steps] if self.batched else idx[:steps]
+            idx = used[name]
+            lead = (idx.shape[0], self.length) if self.batched else (self.length,)
+            rows = np.empty(lead + idx.shape[-1:] + source.shape[1:], source.dtype)  # rest unread
+            taken = np.take(source, idx.reshape(-1), axis=0).reshape(idx.shape + source.shape[1:])
+            if self.batched:
+                rows[:, :steps] = taken
+            else:
+                rows[:steps] = taken
+            out.append(jax.device_put(rows))
+        return tuple(out)
+
+    def close(self):
+        self.pool.shutdown(wait=True, cancel_futures=True)

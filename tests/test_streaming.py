@@ -1,0 +1,148 @@
+"""File-backed data in run_kernel: each batch's rows read from the file ahead of its steps,
+the draws of the same run in memory, resume and checkpoints on the file, clear errors."""
+
+import jax
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from numpyro.infer import MCMC
+
+from numpyro_sgmc import SGHMC, SGLD, SGLDFP, autotune, check_run, load_run, run_kernel
+from numpyro_sgmc.data import streaming
+from problems import linear_regression, make_linear_regression, make_two_groups, two_groups
+
+
+def _on_disk(tmp_path, **arrays):
+    """The arrays written as ``.npy`` files and opened as read-only memory maps."""
+    out = []
+    for name, a in arrays.items():
+        np.save(tmp_path / f"{name}.npy", np.asarray(a))
+        out.append(np.load(tmp_path / f"{name}.npy", mmap_mode="r"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return make_linear_regression(n=1000)
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """The number of feeds read, with feeds of 8 kB (a few draws each), so that runs cross
+    many feed boundaries, the end of warm-up and thinning groups among them."""
+    monkeypatch.setattr(streaming, "FEED_BYTES", 8192)
+    count = []
+    gather = streaming.RowFeed._gather
+
+    def counted(self, indices, steps):
+        count.append(steps)
+        return gather(self, indices, steps)
+
+    monkeypatch.setattr(streaming.RowFeed, "_gather", counted)
+    return count
+
+
+@pytest.mark.parametrize(
+    "kernel, num_chains",
+    [
+        (SGLD(linear_regression, 1e-3, num_steps=3), 1),
+        (SGLDFP(linear_regression, 1e-3, num_steps=3, batch_sampling="epochs"), 3),
+        (SGHMC(linear_regression, 5e-4, num_steps=3, batch_sampling="without_replacement"), 2),
+    ],
+    ids=["SGLD-1", "SGLDFP-epochs-3", "SGHMC-without-2"],
+)
+@pytest.mark.filterwarnings("ignore::numpyro_sgmc.diagnostics.CentreWarning")
+def test_file_backed_draws_are_the_in_memory_draws(tmp_path, problem, reads, kernel, num_chains):
+    X, y = _on_disk(tmp_path, X=problem.X, y=problem.y)
+    settings = dict(num_warmup=23, num_samples=40, thinning=3, num_chains=num_chains)
+    in_memory = run_kernel(kernel, jax.random.key(7), problem.X, problem.y, **settings)
+    assert not reads
+    from_file = run_kernel(kernel, jax.random.key(7), X, y, **settings)
+    assert len(reads) > 5  # feeds of a few draws: many of them
+    assert sum(reads) >= (23 + 40 * 3) * 3
+    for name, value in in_memory.samples.items():
+        assert from_file.samples[name].shape == value.shape
+        np.testing.assert_allclose(from_file.samples[name], value, rtol=1e-5, atol=1e-6)
+    assert from_file.num_draws == in_memory.num_draws == 23 + 40 * 3
+
+
+def test_two_plates_from_files_sample_the_exact_posterior(tmp_path):
+    """Two plates of 2000 and 500 rows, both memory-mapped, through autotune, run_kernel and
+    check_run; the draws against the exact Gaussian posterior within Monte Carlo error."""
+    y1, y2, mean, cov = make_two_groups()
+    m1, m2 = _on_disk(tmp_path, y1=y1, y2=y2)
+    kernel, report = autotune(two_groups, jax.random.key(0), m1, m2)
+    run = run_kernel(kernel, jax.random.key(1), m1, m2, num_samples=2000, num_chains=4)
+    again = run_kernel(kernel, jax.random.key(1), y1, y2, num_samples=2000, num_chains=4)
+    for name in ("delta", "mu"):
+        np.testing.assert_allclose(run.samples[name], again.samples[name], rtol=1e-5, atol=1e-6)
+    samples = run.get_samples(group_by_chain=True)
+    z = np.stack([samples["delta"], samples["mu"]], -1)  # (chains, draws, 2)
+    sd = np.sqrt(np.diag(cov))
+    # batch means over 50 batches per chain: the Monte Carlo error of the mean and the sd
+    batches = z.reshape(4, 50, 40, 2)
+    se_mean = np.std(batches.mean(2).reshape(-1, 2), axis=0, ddof=1) / np.sqrt(200)
+    assert np.all(np.abs(z.reshape(-1, 2).mean(0) - mean) < 4 * se_mean)
+    spread = np.sqrt(np.mean((batches - mean) ** 2, axis=2)).reshape(-1, 2)
+    se_sd = np.std(spread, axis=0, ddof=1) / np.sqrt(200)
+    assert np.all(np.abs(z.reshape(-1, 2).std(0) - sd) < 4 * se_sd + 0.01 * sd)
+    assert check_run(run, report).passed
+
+
+@pytest.mark.filterwarnings("ignore::numpyro_sgmc.diagnostics.CentreWarning")
+def test_resume_and_checkpoints_on_file_backed_data(tmp_path, problem, reads):
+    X, y = _on_disk(tmp_path, X=problem.X, y=problem.y)
+    kernel = SGLDFP(linear_regression, 1e-3, num_steps=3, batch_sampling="blocks")
+    settings = dict(num_warmup=10, thinning=2, num_chains=2)
+    whole = run_kernel(kernel, jax.random.key(3), X, y, num_samples=50, **settings)
+    first = run_kernel(kernel, jax.random.key(3), X, y, num_samples=20, **settings,
+                       checkpoint=tmp_path / "run", checkpoint_every=7)  # fmt: skip
+    restored = load_run(tmp_path / "run", kernel, X, y)
+    continued = run_kernel(kernel, None, X, y, num_samples=30, previous=restored)
+    in_memory = run_kernel(kernel, None, problem.X, problem.y, num_samples=30, previous=first)
+    for run in (continued, in_memory):
+        np.testing.assert_allclose(run.samples["theta"], whole.samples["theta"], rtol=1e-5,
+                                   atol=1e-6)  # fmt: skip
+    other = np.asarray(problem.y).copy()
+    other[:64] += 1.0
+    (changed,) = _on_disk(tmp_path, other=other)
+    with pytest.raises(ValueError, match="previous ran on other data"):
+        run_kernel(kernel, None, X, changed, num_samples=5, previous=first)
+
+
+@pytest.mark.filterwarnings("ignore::numpyro_sgmc.diagnostics.CentreWarning")
+def test_a_full_batch_on_a_file_is_read_in_place(tmp_path, problem, reads, monkeypatch):
+    """A draw whose rows exceed MAX_DRAW_BYTES (here: any) runs on the file in place: the
+    same draws, no feed."""
+    monkeypatch.setattr(streaming, "MAX_DRAW_BYTES", 1)
+    X, y = _on_disk(tmp_path, X=problem.X, y=problem.y)
+    kernel = SGLD(linear_regression, 1e-3, num_steps=3)
+    a = run_kernel(kernel, jax.random.key(2), X, y, num_samples=30)
+    b = run_kernel(kernel, jax.random.key(2), problem.X, problem.y, num_samples=30)
+    assert not reads
+    np.testing.assert_allclose(a.samples["theta"], b.samples["theta"], rtol=1e-5, atol=1e-6)
+
+
+def test_mcmc_refuses_file_backed_data_and_names_run_kernel(tmp_path, problem):
+    X, y = _on_disk(tmp_path, X=problem.X, y=problem.y)
+    mcmc = MCMC(SGLD(linear_regression, 1e-3), num_warmup=5, num_samples=5, progress_bar=False)
+    shapes = r"memory-mapped file \(shape \(1000, 3\), \(1000,\)\)"
+    with pytest.raises(ValueError, match=shapes) as e:
+        mcmc.run(jax.random.key(0), X, y)
+    assert "numpyro_sgmc.run_kernel(kernel, key, *data" in str(e.value)
+    assert "np.asarray(X)" in str(e.value)
+
+
+def _same_size_plates(a, b):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    with numpyro.plate("a", a.shape[0], subsample_size=10):
+        numpyro.sample("ya", dist.Normal(mu, 1.0), obs=numpyro.subsample(a, event_dim=0))
+    with numpyro.plate("b", b.shape[0], subsample_size=10):
+        numpyro.sample("yb", dist.Normal(mu, 2.0), obs=numpyro.subsample(b, event_dim=0))
+
+
+def test_plates_of_one_size_on_files_are_refused_by_name(tmp_path):
+    a, b = _on_disk(tmp_path, a=np.zeros(200, np.float32), b=np.ones(200, np.float32))
+    with pytest.raises(ValueError, match="plates 'a' and 'b' both have 200 rows"):
+        run_kernel(SGLD(_same_size_plates, 1e-3), jax.random.key(0), a, b, num_samples=5)
