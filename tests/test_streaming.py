@@ -74,7 +74,8 @@ def test_two_plates_from_files_sample_the_exact_posterior(tmp_path):
     m1, m2 = _on_disk(tmp_path, y1=y1, y2=y2)
     kernel, report = autotune(two_groups, jax.random.key(0), m1, m2)
     run = run_kernel(kernel, jax.random.key(1), m1, m2, num_samples=2000, num_chains=4)
-    again = run_kernel(kernel, jax.random.key(1), y1, y2, num_samples=2000, num_chains=4)
+    # one plate from a file and one in memory: the in-memory one is fed too
+    again = run_kernel(kernel, jax.random.key(1), m1, y2, num_samples=2000, num_chains=4)
     for name in ("delta", "mu"):
         np.testing.assert_allclose(run.samples[name], again.samples[name], rtol=1e-5, atol=1e-6)
     samples = run.get_samples(group_by_chain=True)
@@ -131,7 +132,7 @@ def test_mcmc_refuses_file_backed_data_and_names_run_kernel(tmp_path, problem):
     with pytest.raises(ValueError, match=shapes) as e:
         mcmc.run(jax.random.key(0), X, y)
     assert "numpyro_sgmc.run_kernel(kernel, key, *data" in str(e.value)
-    assert "np.asarray(X)" in str(e.value)
+    assert "np.array(X)" in str(e.value)
 
 
 def _same_size_plates(a, b):
@@ -146,3 +147,20 @@ def test_plates_of_one_size_on_files_are_refused_by_name(tmp_path):
     a, b = _on_disk(tmp_path, a=np.zeros(200, np.float32), b=np.ones(200, np.float32))
     with pytest.raises(ValueError, match="plates 'a' and 'b' both have 200 rows"):
         run_kernel(SGLD(_same_size_plates, 1e-3), jax.random.key(0), a, b, num_samples=5)
+
+
+@pytest.mark.filterwarnings("ignore::numpyro_sgmc.diagnostics.CentreWarning")
+def test_a_file_written_to_during_a_run_is_an_error(tmp_path, problem, reads, monkeypatch):
+    X, y = _on_disk(tmp_path, X=problem.X, y=problem.y)
+    kernel = SGLD(linear_regression, 1e-3, num_steps=3)
+    gather = streaming.RowFeed._gather
+
+    def written(self, indices, steps):  # another process appends to y while the run reads
+        if len(reads) == 3:
+            with open(tmp_path / "y.npy", "ab") as f:
+                f.write(b"\0" * 4)
+        return gather(self, indices, steps)
+
+    monkeypatch.setattr(streaming.RowFeed, "_gather", written)
+    with pytest.raises(ValueError, match=r"y\.npy' was written to during the run"):
+        run_kernel(kernel, jax.random.key(0), X, y, num_samples=100)

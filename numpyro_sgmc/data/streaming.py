@@ -21,6 +21,7 @@ feeds of at most :data:`FEED_BYTES`, and the pages of the file the operating sys
 from __future__ import annotations
 
 import contextvars
+import os
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import partial
@@ -87,8 +88,25 @@ def refuse_in_mcmc(name: str, model_args, model_kwargs):
             "takes in-memory arrays: it hands every argument whole to its compiled loop. Run "
             f"this {name} kernel with numpyro_sgmc.run_kernel(kernel, key, *data, "
             "num_samples=...), which reads each batch's rows from the file on a background "
-            "thread (or load the data into memory: np.asarray(X))."
+            "thread (or load the data into memory: np.array(X))."
         )
+
+
+def _filename(x):
+    """The file of the memory map ``x`` is (a view of), or ``None``."""
+    while isinstance(x, np.ndarray):
+        if isinstance(x, np.memmap) and getattr(x, "filename", None):
+            return os.fspath(x.filename)
+        x = x.base
+    return None
+
+
+def _stat(filename):
+    try:
+        found = os.stat(filename)
+    except OSError:
+        return None
+    return found.st_ino, found.st_size, found.st_mtime_ns
 
 
 class FedRows(NamedTuple):
@@ -185,6 +203,8 @@ class RowFeed:
         self.draws = max(1, FEED_BYTES // max(1, self.draw_bytes) // thinning) * thinning
         self.length = self.draws * num_steps  # steps per feed: every feed has this shape
         self.num_steps = num_steps
+        files = {_filename(x) for x in self.sources} - {None}
+        self.files = {f: _stat(f) for f in files}
         self.key = self.state = self.sizes = self.next = None
         self.current, self.offset, self.size = (), 0, 0
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="numpyro_sgmc-rows")
@@ -204,8 +224,25 @@ class RowFeed:
         taken)."""
         if self.offset == self.size and self.next is not None:
             (self.current, self.size), self.offset = self.next.result(), 0
+            self.check_files()
             self.next = self._read()
         return self.current, self.offset, self.size - self.offset
+
+    def check_files(self):
+        """A file written to in place during the run is an error: its later batches would be
+        of other data than the earlier ones. (A file deleted or replaced by another is not:
+        the memory map still reads the data it was opened on.)"""
+        for filename, before in self.files.items():
+            now = _stat(filename)
+            if now is None or before is None or now[0] != before[0]:
+                continue
+            if now != before:
+                raise ValueError(
+                    f"The file '{filename}' was written to during the run (its size or "
+                    "modification time changed): its later batches would be of other data "
+                    "than the earlier ones. Leave data files unchanged while a run reads them; "
+                    "write changed data to a new file and run on it."
+                )
 
     def consume(self, draws: int):
         """Count ``draws`` of the current feed as run."""

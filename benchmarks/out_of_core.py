@@ -1,0 +1,187 @@
+"""Data from disk: the README recipe on memory-mapped ``.npy`` files, end to end.
+
+Logistic regression with ``d = 10`` float32 features (``--rows``, default 10^8: 4.4 GB;
+10^9 is 44 GB, beyond this machine's 24 GiB of RAM). The steps, each timed:
+
+1. **write**: the rows are generated i.i.d. in chunks straight into ``.npy`` files
+   (``np.lib.format.open_memmap``); i.i.d. rows are already in random order, which
+   ``batch_sampling="blocks"`` needs (data in another order: ``shuffle_to_disk`` first);
+2. **autotune** on the memory maps: the warm start on a row sample, the Newton passes, the
+   information rows, the control variates' centre (setup epochs: passes over the file);
+3. **sampling** with ``run_kernel``, whose batches are read from the file on a background
+   thread ahead of the steps that use them (``numpyro_sgmc.data.streaming``), progress bar
+   in epochs;
+4. **check**: the draws against the exact Laplace posterior, computed over the file in
+   float64 chunks by Newton's method (and ``check_run``).
+
+It prints the peak anonymous memory of the process (``RssAnon``, which leaves out the page
+cache that holds the file), and the step throughput of the same kernel fed from the file and
+on the same rows in memory (``--memory-rows``, default 10^7). ``--in-memory`` also runs the
+whole recipe on the rows loaded into memory, side by side (data that fit in RAM). Run:
+``python benchmarks/out_of_core.py --rows 1e8 --in-memory``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import threading
+import time
+import warnings
+
+import jax
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+
+from numpyro_sgmc import SGLDFP, autotune, check_run, run_kernel
+
+D = 10
+PRIOR_SD = 10.0
+CHUNK = 2**21  # rows per chunk of the writer and of the float64 Laplace
+
+
+def model(X, y=None):
+    beta = numpyro.sample("beta", dist.Normal(0.0, PRIOR_SD).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("rows", X.shape[0], subsample_size=1000):
+        Xb = numpyro.subsample(X, event_dim=1)
+        yb = None if y is None else numpyro.subsample(y, event_dim=0)
+        numpyro.sample("y", dist.Bernoulli(logits=Xb @ beta), obs=yb)
+
+
+def write(directory: str, n: int, seed: int = 0):
+    """``X`` (n × D) and ``y`` (n) as float32 ``.npy`` files, written chunk by chunk."""
+    rng = np.random.default_rng(seed)
+    beta = np.linspace(-1.0, 1.0, D) / np.sqrt(D)
+    X = np.lib.format.open_memmap(os.path.join(directory, "X.npy"), "w+", np.float32, (n, D))
+    y = np.lib.format.open_memmap(os.path.join(directory, "y.npy"), "w+", np.float32, (n,))
+    for a in range(0, n, CHUNK):
+        b = min(n, a + CHUNK)
+        x = rng.standard_normal((b - a, D), dtype=np.float32)
+        X[a:b] = x
+        y[a:b] = rng.random(b - a) < 1.0 / (1.0 + np.exp(-(x @ beta)))
+    X.flush(), y.flush()
+    del X, y
+    return tuple(np.load(os.path.join(directory, f), mmap_mode="r") for f in ("X.npy", "y.npy"))
+
+
+def laplace(X, y, iterations: int = 30):
+    """The exact Laplace posterior ``(mode, covariance)`` over all rows, float64, by Newton's
+    method in chunks (each iteration one pass over the file)."""
+    beta = np.zeros(D)
+    for _ in range(iterations):
+        grad, hess = -beta / PRIOR_SD**2, -np.eye(D) / PRIOR_SD**2
+        for a in range(0, len(y), CHUNK):
+            x = np.asarray(X[a : a + CHUNK], np.float64)
+            p = 1.0 / (1.0 + np.exp(-(x @ beta)))
+            grad += x.T @ (np.asarray(y[a : a + CHUNK], np.float64) - p)
+            hess -= (x * (p * (1 - p))[:, None]).T @ x
+        step = np.linalg.solve(hess, grad)
+        beta -= step
+        if np.max(np.abs(step)) < 1e-10:
+            break
+    return beta, np.linalg.inv(-hess)
+
+
+class AnonymousPeak:
+    """The peak ``RssAnon`` of this process (Linux), sampled every 50 ms on a thread."""
+
+    def __init__(self):
+        self.peak, self.running = self.now(), True
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def now() -> float:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return float(line.split()[1]) * 1024
+        return float("nan")
+
+    def _watch(self):
+        while self.running:
+            self.peak = max(self.peak, self.now())
+            time.sleep(0.05)
+
+    def stop(self) -> float:
+        self.running = False
+        self.thread.join()
+        return max(self.peak, self.now())
+
+
+def recipe(label, X, y, exact, epochs, draws):
+    """autotune, run_kernel, the draws against ``exact``; prints one line per phase."""
+    mode, cov = exact
+    start = time.perf_counter()
+    kernel, report = autotune(model, jax.random.key(0), X, y, batch_sampling="blocks")
+    tuned = time.perf_counter() - start
+    steps = epochs * len(y) / 1000
+    thinning = max(1, round(steps / draws / kernel.num_steps))
+    start = time.perf_counter()
+    run = run_kernel(kernel, jax.random.key(1), X, y, num_samples=draws, thinning=thinning,
+                     num_chains=1, progress_bar=True)  # fmt: skip
+    sampled = time.perf_counter() - start
+    z = run.get_samples()["beta"]
+    error = np.linalg.norm(np.cov(z.T) - cov) / np.linalg.norm(cov)
+    ratio = np.sqrt(np.diag(np.cov(z.T)) / np.diag(cov))
+    offset = np.max(np.abs(z.mean(0) - mode) / np.sqrt(np.diag(cov)))
+    print(f"{label}: autotune {tuned:.1f} s ({report.setup_epochs:.2f} setup epochs), "
+          f"sampling {sampled:.1f} s ({run.num_draws * kernel.num_steps * 1000 / len(y):.1f} "
+          f"epochs, {draws} draws)")  # fmt: skip
+    print(
+        f"  against the exact Laplace: covariance error {error:.3f} (relative Frobenius), "
+        f"sd ratio {ratio.min():.3f}-{ratio.max():.3f}, mean offset {offset:.2f} sds"
+    )
+    check_run(run, report)  # prints its table
+
+
+def throughput(kernel, X, y, rows: int, mode):
+    """Steps per second of ``kernel`` fed from the file, and on the same rows in memory
+    (the better of two runs each), started at the mode (the control variates' centre)."""
+    Xs, ys = X[:rows], y[:rows]
+    out = {}
+    init = {"beta": np.asarray(mode, np.float32)}
+    for label, data in [("file", (Xs, ys)), ("memory", (np.array(Xs), np.array(ys)))] * 2:
+        run_kernel(kernel, jax.random.key(2), *data, num_samples=3, init_params=init)
+        start = time.perf_counter()
+        run = run_kernel(kernel, jax.random.key(2), *data, num_samples=300, init_params=init)
+        rate = run.num_draws * kernel.num_steps / (time.perf_counter() - start)
+        out[label] = max(out.get(label, 0.0), rate)
+    print(
+        f"step throughput at {rows:.3g} rows: {out['file']:.0f} steps/s from the file, "
+        f"{out['memory']:.0f} in memory ({out['file'] / out['memory']:.2f}x)"
+    )
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=float, default=1e8)
+    parser.add_argument("--epochs", type=float, default=2.0, help="passes of sampling")
+    parser.add_argument("--draws", type=int, default=2000)
+    parser.add_argument("--memory-rows", type=float, default=1e7)
+    parser.add_argument("--in-memory", action="store_true", help="the recipe in memory too")
+    parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore", FutureWarning)
+    n = int(args.rows)
+    with tempfile.TemporaryDirectory(dir=args.dir) as directory:
+        peak = AnonymousPeak()
+        start = time.perf_counter()
+        X, y = write(directory, n)
+        print(f"{n:.3g} rows x {D} float32 ({(X.nbytes + y.nbytes) / 1e9:.1f} GB): written in "
+              f"{time.perf_counter() - start:.1f} s")  # fmt: skip
+        start = time.perf_counter()
+        exact = laplace(X, y)
+        print(f"exact float64 Laplace over the file: {time.perf_counter() - start:.1f} s")
+        recipe("from the file", X, y, exact, args.epochs, args.draws)
+        print(f"peak anonymous memory (RssAnon): {peak.stop() / 2**30:.2f} GiB")
+        kernel = SGLDFP(model, 1e-7, num_steps=100, batch_sampling="blocks")
+        throughput(kernel, X, y, min(n, int(args.memory_rows)), exact[0])
+        if args.in_memory:
+            recipe("in memory", np.array(X), np.array(y), exact, args.epochs, args.draws)
+
+
+if __name__ == "__main__":
+    main()
