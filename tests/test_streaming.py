@@ -164,3 +164,19 @@ def test_a_file_written_to_during_a_run_is_an_error(tmp_path, problem, reads, mo
     monkeypatch.setattr(streaming.RowFeed, "_gather", written)
     with pytest.raises(ValueError, match=r"y\.npy' was written to during the run"):
         run_kernel(kernel, jax.random.key(0), X, y, num_samples=100)
+
+
+def _standardised_in_the_model(X, y=None):
+    theta = numpyro.sample("theta", dist.Normal(0.0, 10.0).expand([X.shape[1]]).to_event(1))
+    Z = (X - X.mean(0)) / X.std(0)  # the whole argument: in memory every row, fed the batch's
+    with numpyro.plate("data", X.shape[0], subsample_size=100):
+        Zb = numpyro.subsample(Z, event_dim=1)
+        numpyro.sample("y", dist.Normal(Zb @ theta, 1.0), obs=numpyro.subsample(y, event_dim=0))
+
+
+def test_a_model_that_reads_whole_arguments_is_refused_on_files(tmp_path, problem):
+    X, y = _on_disk(tmp_path, X=problem.X, y=problem.y)
+    kernel = SGLD(_standardised_in_the_model, 1e-4)
+    with pytest.raises(ValueError, match=r"uses its per-row arguments beyond its batch's rows"):
+        run_kernel(kernel, jax.random.key(0), X, y, num_samples=5)
+    run_kernel(kernel, jax.random.key(0), problem.X, problem.y, num_samples=5)  # in memory

@@ -33,6 +33,8 @@ from jax import lax, random
 
 from numpyro_sgmc.data.batches import batch_sampler
 from numpyro_sgmc.data.gradients import sampler_state
+from numpyro_sgmc.data.model import potential
+from numpyro_sgmc.data.subsample import first_batch
 from numpyro_sgmc.data.validation import memory_mapped
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "FedRows",
     "RowFeed",
     "batch_indices",
+    "check_batch_rows_only",
     "fed_rows",
     "file_backed",
     "refuse_in_mcmc",
@@ -152,6 +155,57 @@ def fed_rows(arrays, plates) -> FedRows:
                 "batch at a time, found by their number of rows."
             )
     return FedRows(tuple(leaves), tuple(names))
+
+
+@partial(jax.jit, static_argnames=("spec", "structure", "fed"))
+def _potentials(spec, structure, fed, z, arrays, alone, within):
+    """``Ũ(z)`` on the batch of rows ``alone`` (the fed arguments cut to them), and on the
+    same rows as the first of ``within`` (longer arrays of which they are the first rows)."""
+
+    def on(rows):
+        leaves = list(arrays)
+        for k, r in zip(fed.leaves, rows, strict=True):
+            leaves[k] = r
+        args, kwargs = structure.rebuild(leaves)
+        return potential(spec, z, first_batch(spec.plates), args, kwargs)
+
+    return on(alone), on(within)
+
+
+def check_batch_rows_only(spec, structure, arrays, fed: FedRows, z):
+    """The model reads its per-row arguments only at its batch's rows.
+
+    A fed step gives the model only the batch's rows; a model that also uses its per-row
+    arguments as a whole (``X.mean(0)`` to standardise them, ``y.max()``) would then compute
+    those from the batch. ``Ũ`` at ``z`` on the first ``b_p`` rows alone and on the same rows
+    followed by ``b_p`` others (the next rows, or the same rows plus one) must agree.
+
+    :raises ValueError: naming the arguments, the two values and the fix.
+    """
+    batch = {p.name: p.batch_size for p in spec.plates}
+    alone, within = [], []
+    for k, name in zip(fed.leaves, fed.plates, strict=True):
+        x, b = arrays[k], batch[name]
+        rows = np.asarray(x[:b])
+        other = np.asarray(x[b : 2 * b]) if len(x) >= 2 * b else None
+        if other is None or np.array_equal(other, rows):
+            other = rows + np.ones((), rows.dtype) if rows.dtype.kind in "fc" else rows[::-1]
+        alone.append(jax.device_put(rows))
+        within.append(jax.device_put(np.concatenate([rows, other])))
+    leaves = tuple(None if k in fed.leaves else jax.device_put(a) if isinstance(a, np.ndarray)
+                   else a for k, a in enumerate(arrays))  # fmt: skip
+    first, second = (float(u) for u in _potentials(spec, structure, fed, z, leaves, alone,
+                                                    within))  # fmt: skip
+    if not np.isclose(first, second, rtol=1e-5, atol=1e-5):
+        raise ValueError(
+            "The model uses its per-row arguments beyond its batch's rows: its potential on "
+            f"one batch is {first:.6g} given those rows alone and {second:.6g} given them "
+            "among other rows (a statistic of the whole argument, such as X.mean(0) or "
+            "y.max(), in the model). With file-backed data run_kernel feeds each step only "
+            "its batch's rows. Compute such statistics once, outside the model, and pass them "
+            "as arguments (in chunks for a file), or load the data into memory and use "
+            "numpyro.infer.MCMC."
+        )
 
 
 @partial(jax.jit, static_argnames=("plates", "method", "length", "batched"))
