@@ -8,6 +8,8 @@ judged by the shared harness (z-scores from the spread between chains, with a ch
 factor-2 error would be seen); mixing times must match within 30%.
 """
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,6 +23,7 @@ from numpyro.infer.initialization import init_to_value
 from harness import Z_MAX, assert_law, run_chains
 from numpyro_sgmc import SGD, autotune, check_run, information, theory, warm_start
 from numpyro_sgmc.data.subsample import full_data
+from numpyro_sgmc.diagnostics import LinearizationWarning
 from numpyro_sgmc.tuner.check import unconstrained_draws
 from problems import (
     logistic_regression,
@@ -300,3 +303,23 @@ def test_tiny_data_sandwich_needs_two_rows_and_then_is_the_plug_in_one():
         mcmc = run(kernel, (y,), num_samples=1000)
         draws = np.asarray(mcmc.get_samples(group_by_chain=True)["mu"])[..., None]
         assert_law(draws, mean=[float(jnp.sum(y)) / (n + 0.01)], cov=[[cov]], label=target)
+
+
+def _location(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    with numpyro.plate("data", y.shape[0], subsample_size=100):
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=numpyro.subsample(y, event_dim=0))
+
+
+def test_the_linearity_profile_is_exact_where_the_potential_outgrows_float32():
+    """At n = 4·10⁶ a float32 U (about 5.7·10⁶ nats) has an ulp of 0.5 nats, as large as the
+    rise it measures one sd from the mode; a Gaussian posterior gave "rises by 2.49, 1.25,
+    0.782, 2.58" (at 10⁷) and a false LinearizationWarning before the profile was computed
+    in float64."""
+    y = np.random.default_rng(0).standard_normal(4_000_000).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LinearizationWarning)
+        _, report = autotune(_location, jax.random.key(0), y)
+    (finding,) = report.nonlinearity
+    assert finding.rises == pytest.approx([2.0, 0.5, 0.5, 2.0], rel=0.02)
+    assert finding.sd_ratio == pytest.approx(1.0, abs=0.02)

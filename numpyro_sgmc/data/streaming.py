@@ -12,10 +12,17 @@ the ``S`` steps with :func:`~numpyro_sgmc.data.gradients.fed_minibatch`, step ``
 ``t``-th batch. The draws are those of the run on the same data in memory, for the same key
 (the same batches, noise and updates, up to the order of floating-point sums).
 
-The rows of chunk ``k + 1`` are read on a background thread while the device runs chunk ``k``
-(NumPy's gather and the page faults release the GIL), so the reads cost no sampling time
-while they are faster than the steps. What stays in memory: the non-per-row arguments, two
-feeds of at most :data:`FEED_BYTES`, and the pages of the file the operating system caches.
+A feed holds the batches of a fixed number of steps (whole draws, at most
+:data:`FEED_BYTES`; the warm-up's last feed ends with it), so the chunk program compiles
+once; the runner's chunks run on windows of the current feed, as many draws as take
+``CHUNK_SECONDS``, while a background thread reads the next feed (NumPy's gather and the page
+faults release the GIL). The reads cost no sampling time while they are faster than the
+steps. What stays in memory: the non-per-row arguments, two feeds, and the pages of the file
+the operating system caches.
+
+Before a fed run, :func:`check_batch_rows_only` refuses a model that reads its per-row
+arguments as a whole (which a fed step would compute from the batch alone); between feeds,
+:meth:`RowFeed.check_files` refuses a file written to during the run.
 """
 
 from __future__ import annotations

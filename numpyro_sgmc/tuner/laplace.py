@@ -23,6 +23,7 @@ to trust them.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import NamedTuple, Optional
 
 import jax
@@ -541,20 +542,24 @@ def linearity(problem, mode, target, num_rows=LINEARITY_ROWS) -> list:
     full = host.device_array(-n * np.asarray(layout.ravel(full)))  # ∇U = -n ĝ
     arrays, structure = split_args(problem.model_args, problem.model_kwargs)
     batch = sample_rows(Stream.LINEARITY_ROWS, problem.rng_key, spec.plates, num_rows)
-    rises, H0, H = (
-        np.asarray(x, np.float64)
-        for x in _profiles(
-            spec,
-            structure,
-            layout,
-            zf,
-            host.device_array(deltas, zf.dtype),
-            host.device_array(basis, zf.dtype),
-            batch,
-            full,
-            arrays,
-        )  # fmt: skip
-    )
+    # in float64: the rises are a few nats of a potential of order n (at n = 10⁷ a float32
+    # U has an ulp of 0.5 nats, and the profile was noise: "rises by 2.49, 1.25, 0.782, 2.58")
+    with jax.enable_x64(True):
+        wide = partial(np.asarray, dtype=np.float64)
+        rises, H0, H = (
+            np.asarray(x, np.float64)
+            for x in _profiles(
+                spec,
+                structure,
+                layout,
+                wide(zf),
+                wide(deltas),
+                wide(basis),
+                batch,
+                wide(full),
+                arrays,
+            )  # fmt: skip
+        )
     # in units of the rows' own quadratic ½t²σ²vᵀ∇²U_m v (the same rows: heavy-tailed rows
     # change the curvature estimate and the rises alike, and the ratio stays sharp)
     rises = rises.reshape(k, -1) / np.maximum(np.diag(H0), 1e-300)[:, None]
