@@ -232,11 +232,8 @@ def estimator_for(
     data are sharded, on rows given with each step when ``fed_rows``
     (:func:`~numpyro_sgmc.data.gradients.fed_minibatch`), wrapped in control variates when
     ``control``."""
-    if fed_rows:
-        base = fed_minibatch(spec, batch_sampling)
-        full = partial(full_data_gradient, spec, chunk_size=chunk_size)
-    elif shards is None:
-        base = minibatch(spec, batch_sampling)
+    if shards is None:
+        base = (fed_minibatch if fed_rows else minibatch)(spec, batch_sampling)
         full = partial(full_data_gradient, spec, chunk_size=chunk_size)
     else:
         base = sharding.minibatch(shards, spec, batch_sampling)
