@@ -48,7 +48,6 @@ __all__ = [
     "batch_gradient",
     "control_variates",
     "exact_gradient",
-    "fed_minibatch",
     "full_data_gradient",
     "minibatch",
     "sampler_state",
@@ -95,9 +94,19 @@ def batch_gradient(spec: ModelSpec) -> Callable:
     return gradient
 
 
-def minibatch(spec: ModelSpec, batch_sampling: str = "with_replacement") -> Estimator:
+def minibatch(
+    spec: ModelSpec, batch_sampling: str = "with_replacement", fed_rows: bool = False
+) -> Estimator:
     """The minibatch estimator ``ĝ(θ) = -∇Ũ(θ)/n``, batches drawn by ``batch_sampling``
-    (:mod:`~numpyro_sgmc.data.batches`, O(b) per step). Its state is the batch sampler's."""
+    (:mod:`~numpyro_sgmc.data.batches`, O(b) per step). Its state is the batch sampler's.
+
+    :param bool fed_rows: the per-row model arguments given to ``estimate`` hold only the
+        batch's ``b_p`` rows, in the order the sampler drew their indices
+        (:mod:`~numpyro_sgmc.data.streaming` reads them from a file ahead of the steps), and
+        the model runs on all of them, each plate still scaled by ``n_p / b_p``. The sampler
+        still draws, from the same state and key, so its state (``"epochs"``) advances as in
+        memory; its indices are those the rows were read at.
+    """
     sampler = batch_sampler(spec.plates, batch_sampling)
     gradient = batch_gradient(spec)
 
@@ -106,35 +115,16 @@ def minibatch(spec: ModelSpec, batch_sampling: str = "with_replacement") -> Esti
 
     def estimate(state, position, rng_key, model_args, model_kwargs):
         batch, state = sampler.draw(state, rng_key)
+        if fed_rows:  # the arguments are the batch's rows: the model runs on all of them
+            batch = first_batch(spec.plates)
         return gradient(position, batch, model_args, model_kwargs), state
 
     return Estimator(init, estimate)
 
 
-def fed_minibatch(spec: ModelSpec, batch_sampling: str = "with_replacement") -> Estimator:
-    """:func:`minibatch` for rows fed with each step: the per-row model arguments given to
-    ``estimate`` hold only the batch's ``b_p`` rows, in the order the sampler drew their
-    indices (:mod:`~numpyro_sgmc.data.streaming` reads them from a file ahead of the steps), and
-    the model runs on all of them, each plate still scaled by ``n_p / b_p``. The sampler
-    draws as :func:`minibatch`'s from the same state and key, so its state (``"epochs"``)
-    advances as in memory; its indices are those the feed was read at."""
-    sampler = batch_sampler(spec.plates, batch_sampling)
-    gradient = batch_gradient(spec)
-    rows = first_batch(spec.plates)
-
-    def init(rng_key, centre, model_args, model_kwargs):
-        return sampler.init(rng_key)
-
-    def estimate(state, position, rng_key, model_args, model_kwargs):
-        _, state = sampler.draw(state, rng_key)
-        return gradient(position, rows, model_args, model_kwargs), state
-
-    return Estimator(init, estimate)
-
-
 def sampler_state(estimator_state):
-    """The batch sampler's state within a kernel's estimator state (:func:`minibatch`,
-    :func:`fed_minibatch`, or either inside :func:`control_variates`)."""
+    """The batch sampler's state within a kernel's estimator state (:func:`minibatch`, or it
+    inside :func:`control_variates`)."""
     if isinstance(estimator_state, ControlVariateState):
         return estimator_state.inner
     return estimator_state

@@ -8,7 +8,7 @@ of the key splits and the sampler only (:func:`batch_indices`). :class:`RowFeed`
 rows of every per-row argument on the host (``np.take`` on the memory map: one contiguous run
 per batch for ``batch_sampling="blocks"``, a page per row for the random samplers), stacks
 them as ``(S, b_p, ...)`` and puts them on the device; the runner's compiled chunk then runs
-the ``S`` steps with :func:`~numpyro_sgmc.data.gradients.fed_minibatch`, step ``t`` on the
+the ``S`` steps with :func:`~numpyro_sgmc.data.gradients.minibatch` on fed rows, step ``t`` on the
 ``t``-th batch. The draws are those of the run on the same data in memory, for the same key
 (the same batches, noise and updates, up to the order of floating-point sums).
 

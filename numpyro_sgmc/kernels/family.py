@@ -41,7 +41,6 @@ from numpyro_sgmc.data import sharding
 from numpyro_sgmc.data.batches import BATCH_SAMPLING
 from numpyro_sgmc.data.gradients import (
     control_variates,
-    fed_minibatch,
     full_data_gradient,
     minibatch,
 )
@@ -230,10 +229,10 @@ def estimator_for(
 ):
     """The gradient estimator of a kernel: minibatch, data-parallel over ``shards`` when the
     data are sharded, on rows given with each step when ``fed_rows``
-    (:func:`~numpyro_sgmc.data.gradients.fed_minibatch`), wrapped in control variates when
+    (``minibatch(..., fed_rows=True)``), wrapped in control variates when
     ``control``."""
     if shards is None:
-        base = (fed_minibatch if fed_rows else minibatch)(spec, batch_sampling)
+        base = minibatch(spec, batch_sampling, fed_rows)
         full = partial(full_data_gradient, spec, chunk_size=chunk_size)
     else:
         base = sharding.minibatch(shards, spec, batch_sampling)
