@@ -10,6 +10,7 @@ from numpyro.infer import MCMC
 
 from numpyro_sgmc import SGHMC, SGLD, SGLDFP, autotune, check_run, load_run, run_kernel
 from numpyro_sgmc.data import streaming
+from numpyro_sgmc.data.subsample import SubsamplePlate
 from problems import linear_regression, make_linear_regression, make_two_groups, two_groups
 
 
@@ -180,3 +181,76 @@ def test_a_model_that_reads_whole_arguments_is_refused_on_files(tmp_path, proble
     with pytest.raises(ValueError, match=r"uses its per-row arguments beyond its batch's rows"):
         run_kernel(kernel, jax.random.key(0), X, y, num_samples=5)
     run_kernel(kernel, jax.random.key(0), problem.X, problem.y, num_samples=5)  # in memory
+
+
+def test_rows_in_memory_reads_each_distinct_row_once(tmp_path, problem):
+    (X, y), n = _on_disk(tmp_path, X=problem.X, y=problem.y), len(problem.y)
+    plates = (SubsamplePlate("data", n, 100),)
+    idx = np.array([[7, 3, 7, 999, 3], [0, 0, 512, 7, 1]])
+    (Xg, yg), rows = streaming.rows_in_memory((X, y), plates, {"data": idx})
+    assert not streaming.file_backed(Xg) and Xg.shape == (idx.size, X.shape[1])
+    np.testing.assert_array_equal(Xg[rows["data"]], X[idx])
+    np.testing.assert_array_equal(yg[rows["data"]], y[idx])
+    # in file order, padded with the last row to one row per index
+    np.testing.assert_array_equal(yg, y[np.r_[np.unique(idx), [999] * 4]])
+    memory = (np.asarray(problem.X), np.asarray(problem.y))
+    assert streaming.rows_in_memory(memory, plates, {"data": idx}) == (memory, {"data": idx})
+
+
+def test_random_access_sees_the_same_bytes_through_any_view(tmp_path, problem, monkeypatch):
+    (X,) = _on_disk(tmp_path, X=problem.X)
+    assert streaming.random_access(X, 1) is X  # 12 kB: dense rows, the kernel's read-ahead
+    monkeypatch.setattr(streaming, "SPARSE_GAP", 1)
+    for view in (X, X[100:], X[:, 1:], X[::3], X[5:, 2][10:]):
+        seen = streaming.random_access(view, 1)
+        assert not np.shares_memory(seen, view)
+        np.testing.assert_array_equal(seen, view)
+    in_memory = np.asarray(problem.X)
+    assert streaming.random_access(in_memory, 1) is in_memory
+
+
+@pytest.mark.filterwarnings("ignore::numpyro_sgmc.diagnostics.LinearizationWarning")
+def test_the_tuner_on_files_is_the_tuner_in_memory(tmp_path, monkeypatch):
+    """Every pass of autotune over a row sample (the warm start's, here on 600 of 4,000 rows,
+    the information, control-variate and linearity rows) reads its rows from the files once,
+    sparse rows through their own mapping, and computes what it computes in memory."""
+    import numpyro_sgmc.tuner.tuning as tuning
+
+    monkeypatch.setattr(tuning, "WARM_START_SAMPLE_ROWS", 600)
+    monkeypatch.setattr(streaming, "SPARSE_GAP", 1)
+    mapped = []
+    random_access = streaming.random_access
+    monkeypatch.setattr(
+        streaming, "random_access", lambda x, k: mapped.append(k) or random_access(x, k)
+    )
+    data = make_linear_regression(n=4000, seed=3)
+    X, y = np.asarray(data.X), np.asarray(data.y)
+    memory = autotune(linear_regression, jax.random.key(0), X, y)[1]
+    assert not mapped
+    files = autotune(linear_regression, jax.random.key(0), *_on_disk(tmp_path, X=X, y=y))[1]
+    assert 600 in mapped and len(mapped) >= 8
+    assert files.row == memory.row and files.batch_size == memory.batch_size
+    assert files.step_size == pytest.approx(memory.step_size, rel=1e-4)
+    for site, value in memory.mode.items():
+        np.testing.assert_allclose(files.mode[site], value, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        files.covariance.as_matrix(3), memory.covariance.as_matrix(3), rtol=1e-3
+    )
+
+
+def test_a_file_is_checked_for_non_finite_rows_once_per_version(tmp_path, problem, monkeypatch):
+    from numpyro_sgmc.data import validation
+
+    X, y = _on_disk(tmp_path, X=problem.X, y=problem.y)
+    passes = []
+    count = validation._count_nonfinite_host
+    monkeypatch.setattr(validation, "_count_nonfinite_host", lambda x: passes.append(x) or count(x))
+    for _ in range(2):
+        validation.check_finite_data(linear_regression, (X, y), {})
+    assert len(passes) == 2  # X and y, once each
+    written = np.lib.format.open_memmap(tmp_path / "y.npy", "r+")
+    written[17] = np.nan
+    written.flush()
+    del written
+    with pytest.raises(ValueError, match=r"in 1 of its 1000 rows \(the first at row 17\)"):
+        validation.check_finite_data(linear_regression, (X, y), {})

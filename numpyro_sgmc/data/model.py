@@ -305,7 +305,9 @@ def prepare_model(
     The model and its data are checked on this first trace, before anything compiles
     (``docs/bad-input.md``): every plate against the data it subsamples and every site
     (:mod:`~numpyro_sgmc.data.first_trace`), and the data for NaN and infinite values in one
-    chunked pass (``numpyro_sgmc.data.validation.check_finite_data``); a plate whose indices
+    chunked pass (``numpyro_sgmc.data.validation.check_finite_data``); with file-backed data,
+    that the model reads only its batch's rows
+    (:func:`~numpyro_sgmc.data.streaming.check_file_rows`); a plate whose indices
     the model uses itself (``X[idx]``) is evaluated once on its last rows, where an index past
     the data is an error rather than JAX's silent clamp.
 
@@ -313,7 +315,8 @@ def prepare_model(
         is not the length of the data it subsamples or indexes; an array used whole inside a
         subsample plate; an observation that broadcasts against its distribution; a discrete,
         or a per-datum, latent site; a second subsample plate nested inside a subsample plate;
-        an unknown plate name; non-finite data.
+        an unknown plate name; non-finite data; a model that uses file-backed per-row
+        arguments as a whole.
     :raises TypeError: a pandas object or a non-numeric array among the model arguments
         (``numpyro_sgmc.data.validation.as_arrays`` converts them first where a kernel runs).
     :raises RuntimeError: no starting point with a finite potential.
@@ -330,6 +333,10 @@ def prepare_model(
     spec = ModelSpec(model, plates)
     init_params = _initialize(rng_key, model, plates, model_args, model_kwargs, init_strategy)
     one = host.take(init_params) if batched else init_params
+    arrays, structure = split_args(model_args, model_kwargs)
+    from numpyro_sgmc.data.streaming import check_file_rows  # it builds on this module
+
+    check_file_rows(spec, structure, arrays, one)
     indexed = [p.name for p in plates if p.name not in subsampled]
     if indexed:
         _check_indexing(spec, one, model_args, model_kwargs, indexed)

@@ -221,6 +221,32 @@ def memory_mapped(x: np.ndarray) -> bool:
     return False
 
 
+def file_map(x):
+    """The :class:`numpy.memmap` of a file that ``x`` is (a view of), or ``None``: the one on
+    the mapping itself, whose ``offset`` is its first byte's in the file (a view of a memmap
+    is a memmap too, with the same ``offset``)."""
+    while isinstance(x, np.ndarray):
+        if isinstance(x, np.memmap) and x.filename and isinstance(x.base, mmap.mmap):
+            return x
+        x = x.base
+    return None
+
+
+def _file_version(x):
+    """A key for the bytes of the file-backed array ``x``: its file (inode, size, mtime), its
+    first byte's offset there, shape, strides and dtype; ``None`` for data in memory."""
+    base = file_map(x)
+    if base is None:
+        return None
+    try:
+        found = os.stat(base.filename)
+    except OSError:
+        return None
+    start = base.offset + (x.__array_interface__["data"][0] - base.__array_interface__["data"][0])
+    file = (os.fspath(base.filename), found.st_ino, found.st_size, found.st_mtime_ns)
+    return file + (start, x.shape, x.strides, x.dtype.str)
+
+
 _KINDS = {"O": "Python objects", "U": "strings", "S": "bytes", "M": "dates", "m": "durations"}
 
 
@@ -311,18 +337,32 @@ def _count_nonfinite(x) -> tuple:
         return (0, 0) if finite else (1, 0)
     if x.shape[0] == 0 or x.size == 0:
         return 0, 0
-    per_row = max(1, x.size // x.shape[0])
-    if isinstance(x, jax.Array):
-        rows = max(1, _DEVICE_CHUNK_ELEMENTS // per_row)
-        # eagerly, also when called under an outer trace (MCMC's pmap over chains) with the
-        # data a concrete constant of it
-        with jax.ensure_compile_time_eval():
-            if len(x.sharding.device_set) > 1 or rows >= x.shape[0]:
-                count, first = _nonfinite_rows(x)
-            else:
-                count, first = _nonfinite_rows_chunked(x, rows)
-        return int(count), (int(first) if count else 0)
-    rows = max(1, _CHUNK_ELEMENTS // per_row)
+    if not isinstance(x, jax.Array):
+        version = _file_version(x)
+        if version is None:
+            return _count_nonfinite_host(x)
+        # a file is read once per version of it (autotune, run_kernel and check_run each
+        # check their data; beyond RAM each pass is a read of the whole file from disk)
+        if version not in _FILE_COUNTS:
+            _FILE_COUNTS[version] = _count_nonfinite_host(x)
+        return _FILE_COUNTS[version]
+    rows = max(1, _DEVICE_CHUNK_ELEMENTS // max(1, x.size // x.shape[0]))
+    # eagerly, also when called under an outer trace (MCMC's pmap over chains) with the
+    # data a concrete constant of it
+    with jax.ensure_compile_time_eval():
+        if len(x.sharding.device_set) > 1 or rows >= x.shape[0]:
+            count, first = _nonfinite_rows(x)
+        else:
+            count, first = _nonfinite_rows_chunked(x, rows)
+    return int(count), (int(first) if count else 0)
+
+
+_FILE_COUNTS = {}  # _file_version -> (count, first) of non-finite rows
+
+
+def _count_nonfinite_host(x) -> tuple:
+    """:func:`_count_nonfinite` of NumPy data, in chunks on the host."""
+    rows = max(1, _CHUNK_ELEMENTS // max(1, x.size // x.shape[0]))
     count, first = 0, None
     for start in range(0, x.shape[0], rows):
         chunk = x[start : start + rows]

@@ -24,6 +24,7 @@ from jax import random
 from numpyro_sgmc.compilation import one_shot_jit
 from numpyro_sgmc.data.gradients import minibatch
 from numpyro_sgmc.data.model import potential, split_args
+from numpyro_sgmc.data.streaming import rows_in_memory
 from numpyro_sgmc.data.subsample import Batch
 from numpyro_sgmc.host import device_array, host_rng
 
@@ -105,6 +106,7 @@ def largest_eigenvalue(
     rng = host_rng(rng_key) if rng is None else rng
     batch = random_rows(rng, spec.plates, num_rows)
     arrays, structure = split_args(model_args, model_kwargs)
+    arrays, batch = rows_in_memory(arrays, spec.plates, batch)
     flat = layout.ravel(position)
     v = device_array(rng.standard_normal(flat.shape), flat.dtype)
     run = partial(
@@ -163,6 +165,7 @@ def curvature(
     )  # fmt: skip
     batch = random_rows(host_rng(rng_key, 1), spec.plates, num_rows)
     arrays, structure = split_args(model_args, model_kwargs)
+    arrays, batch = rows_in_memory(arrays, spec.plates, batch)
     trace_j, trace_i = _traces(
         spec, structure, layout, bool(inverse), 32, scale, position, batch, rng_key, arrays
     )

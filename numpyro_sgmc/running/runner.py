@@ -46,7 +46,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax, random
 
-from numpyro_sgmc import host
 from numpyro_sgmc.data import streaming, validation
 from numpyro_sgmc.data.model import constrain, split_args, total_batch
 from numpyro_sgmc.data.progress import EpochProgress, interrupts
@@ -345,7 +344,7 @@ def _sample(kernel, run, structure, arrays, num_samples, progress_bar, checkpoin
     warmup_left = max(0, run.num_warmup - run.num_draws)
     asked = run.num_draws + warmup_left + num_samples * thinning
     size = _buffer_rows(config, structure, batched, run.last_state.z, arrays)
-    feed = _row_feed(kernel, config, structure, arrays, run)
+    feed = _row_feed(kernel, config, arrays, run)
     fed = () if feed is None else feed.fed.leaves
     if feed is not None:  # the chunks take the batches' rows, not the data
         arrays = tuple(None if k in fed else a for k, a in enumerate(arrays))
@@ -454,11 +453,11 @@ class _Plan:
         return due
 
 
-def _row_feed(kernel, config, structure, arrays, run):
+def _row_feed(kernel, config, arrays, run):
     """A :class:`~numpyro_sgmc.data.streaming.RowFeed` for file-backed data (``None`` for data
     in memory, or where one draw's rows would exceed ``MAX_DRAW_BYTES``: a full batch of a
-    large file, read in place), for a model that reads only its batch's rows
-    (:func:`~numpyro_sgmc.data.streaming.check_batch_rows_only`)."""
+    large file, read in place). The kernel's ``init`` has checked that the model reads only
+    its batch's rows (:func:`~numpyro_sgmc.data.streaming.check_file_rows`)."""
     if not any(streaming.file_backed(a) for a in arrays) or config.shards is not None:
         return None
     fed = streaming.fed_rows(arrays, config.spec.plates)
@@ -467,13 +466,6 @@ def _row_feed(kernel, config, structure, arrays, run):
     if feed.draw_bytes > streaming.MAX_DRAW_BYTES:
         feed.close()
         return None
-    z = run.last_state.z
-    try:
-        streaming.check_batch_rows_only(config.spec, structure, arrays, fed,
-                                        host.take(z) if run.num_chains > 1 else z)  # fmt: skip
-    except ValueError:
-        feed.close()
-        raise
     return feed
 
 

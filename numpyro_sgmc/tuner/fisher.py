@@ -32,6 +32,7 @@ import numpy as np
 
 from numpyro_sgmc import host, scales
 from numpyro_sgmc.data.model import Layout, num_data, prepare_model, split_args
+from numpyro_sgmc.data.streaming import rows_in_memory
 from numpyro_sgmc.scales import Dense, Diagonal
 from numpyro_sgmc.theory.linear import GradientNoise
 from numpyro_sgmc.tuner.rows import (
@@ -302,10 +303,11 @@ def information_of(
     for p in plates:
         full = rows[p.name] is None
         count = p.size if full else len(rows[p.name])
-        r = None if full else host.device_array(rows[p.name], np.int32)
+        rows_arrays, r = rows_in_memory(arrays, plates, {p.name: rows[p.name]})
+        r = None if full else host.device_array(r[p.name], np.int32)
         sums[p.name] = plate_sums(
             spec, structure, layout, kind, p.name, count, full, int(chunk_size), zf, r, probes,
-            arrays,
+            rows_arrays,
         )  # fmt: skip
         if not sums[p.name].finite:
             _check_finite([np.array(np.nan)], f"the per-datum gradients of plate '{p.name}'")
@@ -427,6 +429,7 @@ def control_variate_noise(prepared, rng_key, model_args, model_kwargs, params, c
     out = {}
     for p in plates:
         r = np.arange(p.size) if rows[p.name] is None else rows[p.name]
+        rows_arrays, r = rows_in_memory(arrays, plates, {p.name: r})
         spread = probe_spread(
             spec,
             structure,
@@ -435,8 +438,8 @@ def control_variate_noise(prepared, rng_key, model_args, model_kwargs, params, c
             p.name,
             zf,
             deltas,
-            host.device_array(r, np.int32),
-            arrays,
+            host.device_array(r[p.name], np.int32),
+            rows_arrays,
         )
         _check_finite([spread], f"the control-variate noise of plate '{p.name}'")
         out[p.name] = wrap(0.5 * (spread + spread.T) if kind == "dense" else spread)

@@ -35,6 +35,7 @@ from numpyro_sgmc import host, scales
 from numpyro_sgmc.compilation import one_shot_jit
 from numpyro_sgmc.data.gradients import exact_gradient
 from numpyro_sgmc.data.model import SubsampledModel, potential, split_args
+from numpyro_sgmc.data.streaming import rows_in_memory
 from numpyro_sgmc.data.subsample import Batch
 from numpyro_sgmc.diagnostics import ConvergenceWarning, LinearizationWarning, warn
 from numpyro_sgmc.kernels.curvature import random_rows
@@ -147,7 +148,7 @@ def fit(problem: Problem, warm, weights) -> Fit:
     u = None if warm.potential is None else float(warm.potential[warm.best])
     # a sample's mode lies about sqrt(d (n/m - 1)) posterior sds from the data's
     apart = 0.0 if warm.sample_size is None else math.sqrt(d * (n / warm.sample_size - 1.0))
-    mode, distance, passes, info = newton_polish(
+    mode, distance, passes, info, exact = newton_polish(
         problem, warm.member(warm.best), gradient, info_at, potential=u, distance=apart
     )
     if info is None or info.regularization > 0 or options.regularize is not None:
@@ -178,8 +179,7 @@ def fit(problem: Problem, warm, weights) -> Fit:
         num_rows=cv_rows, kind=kind,
     )  # fmt: skip
     visited += cv_rows
-    findings = linearity(problem, mode, target)
-    visited += n  # its exact gradient at the mode
+    findings = linearity(problem, mode, target, exact=exact)
     error = np.sqrt(error**2 + linearity_error(findings, target) ** 2)
     linked = None
     if kind == "diagonal":
@@ -279,6 +279,7 @@ def correlations(problem, mode, info, max_rows=CORRELATION_ROWS, num_probes=PROB
     else:
         batch = random_rows(rng, spec.plates, max_rows)  # the same stream, after the probes
     arrays, structure = split_args(problem.model_args, problem.model_kwargs)
+    arrays, batch = rows_in_memory(arrays, spec.plates, batch)
     x, _ = _preconditioned_solves(
         spec, structure, layout, int(iterations), zf, host.device_array(diag, zf.dtype),
         host.device_array(probes, zf.dtype), batch, arrays,
@@ -335,10 +336,12 @@ def newton_polish(
     :param info_at: ``info_at(params, regularize, more_rows=False) -> Information``; a ``J``
         estimated near the mode whose step does not halve the distance is estimated again
         from twice the rows (heavy-tailed rows make a few thousand of them a poor ``J``).
-    :return: ``(mode, distance, passes, information)``: the polished mode, the length of the
-        first step in posterior sds, the passes over the data (each evaluation of ``U`` on
-        every row, the line searches' halvings included), and the information at the
-        mode (``None`` when the mode moved more than ``tol`` sds since it was estimated).
+    :return: ``(mode, distance, passes, information, exact)``: the polished mode, the length
+        of the first step in posterior sds, the passes over the data (each evaluation of ``U``
+        on every row, the line searches' halvings included), the information at the mode
+        (``None`` when the mode moved more than ``tol`` sds since it was estimated), and
+        ``(x, ĝ)``, the last point whose full-data gradient ``ĝ`` a pass computed (within
+        ``tol`` sds of the mode; the mode itself if the polish stopped short).
     """
     prepared = problem.prepared
     layout, n = prepared.layout, prepared.num_data
@@ -363,7 +366,7 @@ def newton_polish(
         distance = float(np.sqrt(max(n * float(g @ step), 0.0)))
         first = distance if first is None else first
         if exact and distance <= tol:
-            x, settled = x + step, True
+            settled = True
             break
         if steps == max_passes:
             break
@@ -403,8 +406,10 @@ def newton_polish(
             "the model has a finite mode.",
             ConvergenceWarning,
         )
-    # the last step, from a J estimated where it started, is within tol of exact
-    return _point(layout, x, dtype), first, passes, (info if settled and fresh else None)
+    # the last step, from a J estimated where it started, is within tol of exact; it needs no
+    # pass of its own: ∇U there follows from ∇U at x (linearity's anchor)
+    mode = _point(layout, x + step if settled else x, dtype)
+    return mode, first, passes, (info if settled and fresh else None), (x, g)
 
 
 def _newton_direction(problem, x, g, J, num_rows, fallback, dtype, iterations=100):
@@ -418,6 +423,7 @@ def _newton_direction(problem, x, g, J, num_rows, fallback, dtype, iterations=10
     diag = n * np.asarray(J.diagonal(x.size), np.float64)
     rows = sample_rows(Stream.NEWTON_ROWS, problem.rng_key, spec.plates, min(num_rows, NEWTON_ROWS))
     arrays, structure = split_args(problem.model_args, problem.model_kwargs)
+    arrays, rows = rows_in_memory(arrays, spec.plates, rows)
     step, residual = _preconditioned_solves(
         spec, structure, layout, int(iterations), host.device_array(x, dtype),
         host.device_array(diag, dtype), host.device_array((n * g / np.sqrt(diag))[None], dtype),
@@ -492,12 +498,14 @@ class Nonlinearity(NamedTuple):
 
 
 @one_shot_jit(("spec", "structure", "layout"))
-def _profiles(spec, structure, layout, zf, deltas, basis, batch, full_gradient, arrays):
+def _profiles(spec, structure, layout, zf, deltas, basis, batch, anchor, full_gradient, arrays):
     """At every ``δ``: ``U_m(θ̂+δ) - U_m(θ̂) - ∇U_m(θ̂)ᵀδ + ∇U(θ̂)ᵀδ``, the rows' estimate of
     the potential's rise with its linear part replaced by the exact one (a control variate),
     and the curvature ``Wᵀ∇²U_m(θ̂+δ)W`` in the probed directions ``W`` (``basis``, ``(d, k)``);
     the curvature at ``θ̂`` itself too (the same rows at every point, so differences are
-    sharp)."""
+    sharp). ``full_gradient`` is ``∇U`` at ``a = θ̂ + anchor``, and ``∇U(θ̂)`` is taken as
+    ``∇U(a) + ∇U_m(θ̂) - ∇U_m(a)`` (exact for ``anchor = 0``; otherwise the rows' error in
+    the gradient's change over a step within the Newton tolerance)."""
     args, kwargs = structure.rebuild(arrays)
     U = lambda x: potential(spec, layout.unravel(x), batch, args, kwargs)  # noqa: E731
 
@@ -509,12 +517,13 @@ def _profiles(spec, structure, layout, zf, deltas, basis, batch, full_gradient, 
         values, grads, hw = jax.vmap(along, in_axes=1, out_axes=(0, 0, 1))(basis)
         return values[0], grads[0], basis.T @ hw
 
-    values, grads, curvatures = jax.vmap(at)(jnp.concatenate([zf[None], zf + deltas]))
-    rises = values[1:] - values[0] - deltas @ (grads[0] - full_gradient)
-    return rises, curvatures[0], curvatures[1:]
+    points = jnp.concatenate([zf[None], zf + deltas, (zf + anchor)[None]])
+    values, grads, curvatures = jax.vmap(at)(points)
+    rises = values[1:-1] - values[0] - deltas @ (grads[-1] - full_gradient)
+    return rises, curvatures[0], curvatures[1:-1]
 
 
-def linearity(problem, mode, target, num_rows=LINEARITY_ROWS) -> list:
+def linearity(problem, mode, target, num_rows=LINEARITY_ROWS, exact=None) -> list:
     """The log posterior along the target's three widest directions, against the quadratic
     every prediction assumes (``docs/theory.md`` §4, "The local picture and its error").
 
@@ -527,6 +536,8 @@ def linearity(problem, mode, target, num_rows=LINEARITY_ROWS) -> list:
     :class:`~numpyro_sgmc.diagnostics.LinearizationWarning`; :func:`linearity_error` turns
     them into an error of every predicted sd.
 
+    :param exact: ``(point, ĝ)``, the full-data gradient ``ĝ = -∇U/n`` (flat) at a point
+        near the mode (the Newton polish's last), or ``None`` for one more pass at the mode.
     :return: a :class:`Nonlinearity` per direction.
     """
     prepared = problem.prepared
@@ -538,10 +549,14 @@ def linearity(problem, mode, target, num_rows=LINEARITY_ROWS) -> list:
     steps = np.array([-2.0, -1.0, 1.0, 2.0])
     deltas = np.concatenate([np.outer(steps * s, v) for v, s in zip(directions, sd, strict=True)])
     basis = np.stack(directions, axis=1) * sd
-    _, full = exact_gradient(spec, mode, problem.model_args, problem.model_kwargs)
-    full = host.device_array(-n * np.asarray(layout.ravel(full)))  # ∇U = -n ĝ
+    if exact is None:
+        _, g = exact_gradient(spec, mode, problem.model_args, problem.model_kwargs)
+        exact = (np.asarray(zf, np.float64), np.asarray(layout.ravel(g), np.float64))
+    anchor = np.asarray(exact[0], np.float64) - np.asarray(zf, np.float64)
+    full = -n * np.asarray(exact[1], np.float64)  # ∇U = -n ĝ
     arrays, structure = split_args(problem.model_args, problem.model_kwargs)
     batch = sample_rows(Stream.LINEARITY_ROWS, problem.rng_key, spec.plates, num_rows)
+    arrays, batch = rows_in_memory(arrays, spec.plates, batch)
     # in float64: the rises are a few nats of a potential of order n (at n = 10⁷ a float32
     # U has an ulp of 0.5 nats, and the profile was noise: "rises by 2.49, 1.25, 0.782, 2.58")
     with jax.enable_x64(True):
@@ -556,6 +571,7 @@ def linearity(problem, mode, target, num_rows=LINEARITY_ROWS) -> list:
                 wide(deltas),
                 wide(basis),
                 batch,
+                wide(anchor),
                 wide(full),
                 arrays,
             )  # fmt: skip

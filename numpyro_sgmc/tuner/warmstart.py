@@ -44,6 +44,7 @@ from numpyro_sgmc.data import validation
 from numpyro_sgmc.data.batches import batch_sampler
 from numpyro_sgmc.data.gradients import exact_gradient
 from numpyro_sgmc.data.model import constrained, potential, prepare_model, split_args
+from numpyro_sgmc.data.streaming import rows_in_memory
 from numpyro_sgmc.diagnostics import ConvergenceWarning, warn
 from numpyro_sgmc.tuner.fisher import information_of
 from numpyro_sgmc.tuner.laplace import DENSE_MAX_DIM
@@ -261,6 +262,7 @@ def _scales(prepared, rng_key, model_args, model_kwargs, z0, num_rows=WARM_START
     spec, layout = prepared.spec, prepared.layout
     arrays, structure = split_args(model_args, model_kwargs)
     rows = sample_rows(Stream.WARM_START_ROWS, rng_key, spec.plates, num_rows).indices
+    sample_arrays, rows = rows_in_memory(arrays, spec.plates, rows)
     # the prior's curvature as the information step will compute it (one compilation for
     # both): exact and dense up to DENSE_MAX_DIM parameters, Hutchinson probes above
     dense = layout.size <= DENSE_MAX_DIM
@@ -271,7 +273,7 @@ def _scales(prepared, rng_key, model_args, model_kwargs, z0, num_rows=WARM_START
     out = []
     for zf in np.asarray(z0):
         zf = host.device_array(zf)
-        fisher = np.asarray(fisher_diagonal(spec, structure, layout, zf, rows, arrays))
+        fisher = np.asarray(fisher_diagonal(spec, structure, layout, zf, rows, sample_arrays))
         kind = "dense" if dense else "diagonal"
         _, prior = global_terms(spec, structure, layout, kind, zf, probes, arrays)
         prior = np.diag(np.asarray(prior)) if dense else np.asarray(prior).mean(axis=0)
@@ -394,6 +396,7 @@ def warm_start_of(
         else _restart_axis(init_params, prepared.init_params, num_restarts)
     )
     arrays, structure = split_args(model_args, model_kwargs)
+    sample_arrays, rows = rows_in_memory(arrays, spec.plates, rows)
     z0f = layout.ravel(z0)
     scale = _scales(prepared, key_scale, model_args, model_kwargs, z0f) if rescale else None
     scale = host.device_array(np.ones(z0f.shape), z0f.dtype) if scale is None else scale
@@ -402,7 +405,7 @@ def warm_start_of(
     for _ in range(3 if rescale else 1):
         z, last_grad, mu, nu, losses = _optimise(
             spec, structure, layout, optimizer, rate, num_iterations, sampled, z0f, scale, keys,
-            rows, arrays,
+            rows, sample_arrays,
         )  # fmt: skip
         losses = np.asarray(losses)
         finite = np.all(np.isfinite(losses), axis=1)
