@@ -84,6 +84,13 @@ def laplace(X, y, iterations: int = 30):
     return beta, np.linalg.inv(-hess)
 
 
+def disk_reads() -> int:
+    """Bytes this process has read from storage (Linux ``/proc/self/io``: page-cache hits and
+    the file's pages already in memory do not count)."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
+
+
 class AnonymousPeak:
     """The peak ``RssAnon`` of this process (Linux), sampled every 50 ms on a thread."""
 
@@ -114,22 +121,25 @@ class AnonymousPeak:
 def recipe(label, X, y, exact, epochs, draws):
     """autotune, run_kernel, the draws against ``exact``; prints one line per phase."""
     mode, cov = exact
-    start = time.perf_counter()
+    size = X.nbytes + y.nbytes
+    start, read = time.perf_counter(), disk_reads()
     kernel, report = autotune(model, jax.random.key(0), X, y, batch_sampling="blocks")
-    tuned = time.perf_counter() - start
+    tuned, tune_read = time.perf_counter() - start, disk_reads() - read
     steps = epochs * len(y) / 1000
     thinning = max(1, round(steps / draws / kernel.num_steps))
-    start = time.perf_counter()
+    start, read = time.perf_counter(), disk_reads()
     run = run_kernel(kernel, jax.random.key(1), X, y, num_samples=draws, thinning=thinning,
                      num_chains=1, progress_bar=True)  # fmt: skip
-    sampled = time.perf_counter() - start
+    sampled, run_read = time.perf_counter() - start, disk_reads() - read
     z = run.get_samples()["beta"]
     error = np.linalg.norm(np.cov(z.T) - cov) / np.linalg.norm(cov)
     ratio = np.sqrt(np.diag(np.cov(z.T)) / np.diag(cov))
     offset = np.max(np.abs(z.mean(0) - mode) / np.sqrt(np.diag(cov)))
-    print(f"{label}: autotune {tuned:.1f} s ({report.setup_epochs:.2f} setup epochs), "
-          f"sampling {sampled:.1f} s ({run.num_draws * kernel.num_steps * 1000 / len(y):.1f} "
-          f"epochs, {draws} draws)")  # fmt: skip
+    print(f"{label}: autotune {tuned:.1f} s ({report.setup_epochs:.2f} setup epochs; "
+          f"{tune_read / size:.2f} files' worth read from disk), sampling {sampled:.1f} s "
+          f"({run.num_draws * kernel.num_steps * 1000 / len(y):.1f} epochs, {draws} draws, "
+          f"{run.num_draws * kernel.num_steps / sampled:.0f} steps/s with the start; "
+          f"{run_read / size:.2f} files' worth read from disk)")  # fmt: skip
     print(
         f"  against the exact Laplace: covariance error {error:.3f} (relative Frobenius), "
         f"sd ratio {ratio.min():.3f}-{ratio.max():.3f}, mean offset {offset:.2f} sds"

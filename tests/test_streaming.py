@@ -50,17 +50,30 @@ def reads(monkeypatch):
         (SGLD(linear_regression, 1e-3, num_steps=3), 1),
         (SGLDFP(linear_regression, 1e-3, num_steps=3, batch_sampling="epochs"), 3),
         (SGHMC(linear_regression, 5e-4, num_steps=3, batch_sampling="without_replacement"), 2),
+        (SGLDFP(linear_regression, 1e-3, num_steps=3, batch_sampling="blocks"), 2),
     ],
-    ids=["SGLD-1", "SGLDFP-epochs-3", "SGHMC-without-2"],
+    ids=["SGLD-1", "SGLDFP-epochs-3", "SGHMC-without-2", "SGLDFP-blocks-2"],
 )
 @pytest.mark.filterwarnings("ignore::numpyro_sgmc.diagnostics.CentreWarning")
-def test_file_backed_draws_are_the_in_memory_draws(tmp_path, problem, reads, kernel, num_chains):
+def test_file_backed_draws_are_the_in_memory_draws(
+    tmp_path, problem, reads, kernel, num_chains, monkeypatch
+):
     X, y = _on_disk(tmp_path, X=problem.X, y=problem.y)
     settings = dict(num_warmup=23, num_samples=40, thinning=3, num_chains=num_chains)
     in_memory = run_kernel(kernel, jax.random.key(7), problem.X, problem.y, **settings)
     assert not reads
+    blocks, read = [], streaming.BlockFile.read
+    monkeypatch.setattr(
+        streaming.BlockFile,
+        "read",
+        lambda self, out, first: blocks.append(first) or read(self, out, first),
+    )
     from_file = run_kernel(kernel, jax.random.key(7), X, y, **settings)
     assert len(reads) > 5  # feeds of a few draws: many of them
+    # "blocks": one read of each file (X, y) per batch of consecutive rows, some of which
+    # wrap past the end
+    by_blocks = kernel.recipe.options.batch_sampling == "blocks"
+    assert len(blocks) == (2 * sum(reads) * num_chains if by_blocks else 0)
     assert sum(reads) >= (23 + 40 * 3) * 3
     for name, value in in_memory.samples.items():
         assert from_file.samples[name].shape == value.shape
