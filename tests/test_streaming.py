@@ -267,3 +267,19 @@ def test_a_file_is_checked_for_non_finite_rows_once_per_version(tmp_path, proble
     del written
     with pytest.raises(ValueError, match=r"in 1 of its 1000 rows \(the first at row 17\)"):
         validation.check_finite_data(linear_regression, (X, y), {})
+
+
+def test_the_row_order_check_reads_its_batches_from_the_file(tmp_path, problem):
+    """``"blocks"`` on rows sorted by a covariate warns from a file as in memory, with the
+    same ratio: the same batches, read once from the file."""
+    from numpyro_sgmc.diagnostics import DataOrderWarning
+
+    rows = np.argsort(np.asarray(problem.X)[:, 0])
+    ordered = np.asarray(problem.X)[rows], np.asarray(problem.y)[rows]
+    kernel = SGLD(linear_regression, 1e-3, batch_sampling="blocks")
+    messages = []
+    for data in (ordered, _on_disk(tmp_path, X=ordered[0], y=ordered[1])):
+        with pytest.warns(DataOrderWarning, match="rows look ordered") as found:
+            run_kernel(kernel, jax.random.key(3), *data, num_samples=2)
+        messages.append(str(found[0].message))
+    assert messages[0] == messages[1]

@@ -18,9 +18,11 @@ from jax import random
 from numpyro.util import not_jax_tracer
 
 from numpyro_sgmc.compilation import one_shot_jit
+from numpyro_sgmc.data.batches import batch_sampler
 from numpyro_sgmc.data.gradients import full_data_gradient, minibatch
 from numpyro_sgmc.data.model import potential, split_args
-from numpyro_sgmc.data.subsample import first_batch
+from numpyro_sgmc.data.streaming import file_backed, rows_in_memory
+from numpyro_sgmc.data.subsample import Batch, first_batch
 from numpyro_sgmc.diagnostics import (
     CentreWarning,
     DataOrderWarning,
@@ -86,21 +88,44 @@ def check_finite_start(spec, z, model_args, model_kwargs, batched: bool):
         )
 
 
-@one_shot_jit(("spec", "structure", "draws"))
-def _spread_ratio(spec, structure, draws, z, rng_key, arrays):
+def _row_order_indices(plates, draws, rng_key) -> dict:
+    """Plate -> ``(2, draws, b_p)`` indices: ``draws`` batches by ``"blocks"``, then as many
+    by ``"without_replacement"``."""
+    keys = random.split(rng_key, 2)
+
+    def batches(method, key):
+        sampler = batch_sampler(plates, method)
+        return jax.vmap(lambda k: sampler.draw(sampler.init(k), k)[0].indices)(
+            random.split(key, draws)
+        )
+
+    by_method = [
+        batches(m, k) for m, k in zip(("blocks", "without_replacement"), keys, strict=True)
+    ]
+    return jax.tree.map(lambda *x: jnp.stack(x), *by_method)
+
+
+def _gradient_spreads(spec, structure, z, indices, arrays):
+    """``(2,)``: the total variance of the minibatch gradient over each method's batches."""
     args, kwargs = structure.rebuild(arrays)
 
-    def spread(method, key):
-        estimator = minibatch(spec, method)
+    def flat(batch_indices):
+        g = jax.grad(lambda z: potential(spec, z, Batch(batch_indices), args, kwargs))(z)
+        return jnp.concatenate([jnp.ravel(v) for v in jax.tree.leaves(g)])
 
-        def flat(k):
-            g, _ = estimator.estimate(estimator.init(k, z, args, kwargs), z, k, args, kwargs)
-            return jnp.concatenate([jnp.ravel(v) for v in jax.tree.leaves(g)])
+    return jnp.sum(jnp.var(jax.vmap(jax.vmap(flat))(indices), axis=1), axis=-1)
 
-        return jnp.sum(jnp.var(jax.vmap(flat)(random.split(key, draws)), axis=0))
 
-    key_blocks, key_random = random.split(rng_key)
-    return spread("blocks", key_blocks) / spread("without_replacement", key_random)
+@one_shot_jit(("spec", "structure", "draws"))
+def _spread_ratio(spec, structure, draws, z, rng_key, arrays):
+    spreads = _gradient_spreads(
+        spec, structure, z, _row_order_indices(spec.plates, draws, rng_key), arrays
+    )
+    return spreads[0] / spreads[1]
+
+
+_file_row_order_indices = one_shot_jit(("plates", "draws"))(_row_order_indices)
+_file_gradient_spreads = one_shot_jit(("spec", "structure"))(_gradient_spreads)
 
 
 def check_row_order(spec, z, rng_key, model_args, model_kwargs, kernel_name, draws=32):
@@ -110,7 +135,13 @@ def check_row_order(spec, z, rng_key, model_args, model_kwargs, kernel_name, dra
     ordered rows (sorted, grouped, in time order) a block is a biased sample of one region.
     """
     arrays, structure = split_args(model_args, model_kwargs)
-    ratio = _spread_ratio(spec, structure, draws, z, rng_key, arrays)
+    if any(file_backed(x) for x in arrays):  # the batches' rows read once, in file order
+        indices = _file_row_order_indices(spec.plates, draws, rng_key)
+        arrays, indices = rows_in_memory(arrays, spec.plates, indices)
+        spreads = _file_gradient_spreads(spec, structure, z, indices, arrays)
+        ratio = spreads[0] / spreads[1]
+    else:
+        ratio = _spread_ratio(spec, structure, draws, z, rng_key, arrays)
     if not_jax_tracer(ratio) and float(ratio) > 3.0:
         warn(
             f"{kernel_name}: with batch_sampling='blocks' the gradient noise is "
