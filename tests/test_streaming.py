@@ -193,6 +193,8 @@ def test_a_model_that_reads_whole_arguments_is_refused_on_files(tmp_path, proble
     kernel = SGLD(_standardised_in_the_model, 1e-4)
     with pytest.raises(ValueError, match=r"uses its per-row arguments beyond its batch's rows"):
         run_kernel(kernel, jax.random.key(0), X, y, num_samples=5)
+    with pytest.raises(ValueError, match=r"the tuner and run_kernel give the model only the rows"):
+        autotune(_standardised_in_the_model, jax.random.key(0), X, y)
     run_kernel(kernel, jax.random.key(0), problem.X, problem.y, num_samples=5)  # in memory
 
 

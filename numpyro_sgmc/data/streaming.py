@@ -44,6 +44,7 @@ from functools import partial
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax, random
 
@@ -246,15 +247,20 @@ def check_file_rows(spec, structure, arrays, z):
 
 @partial(jax.jit, static_argnames=("spec", "structure", "fed"))
 def _potentials(spec, structure, fed, z, arrays, alone, within):
-    """``Ũ(z)`` on the batch of rows ``alone`` (the fed arguments cut to them), and on the
-    same rows as the first of ``within`` (longer arrays of which they are the first rows)."""
+    """``(Ũ(z), ∇Ũ(z))`` on the batch of rows ``alone`` (the fed arguments cut to them), and
+    on the same rows as the first of ``within`` (longer arrays of which they are the first
+    rows). The gradient too: at a start where the data do not enter ``Ũ`` (coefficients at
+    their prior mean of zero), its value is the same on any rows."""
 
     def on(rows):
         leaves = list(arrays)
         for k, r in zip(fed.leaves, rows, strict=True):
             leaves[k] = r
         args, kwargs = structure.rebuild(leaves)
-        return potential(spec, z, first_batch(spec.plates), args, kwargs)
+        u, g = jax.value_and_grad(
+            lambda z: potential(spec, z, first_batch(spec.plates), args, kwargs)
+        )(z)
+        return jnp.concatenate([u[None]] + [jnp.ravel(v) for v in jax.tree.leaves(g)])
 
     return on(alone), on(within)
 
@@ -264,8 +270,8 @@ def check_batch_rows_only(spec, structure, arrays, fed: FedRows, z):
 
     A fed step gives the model only the batch's rows; a model that also uses its per-row
     arguments as a whole (``X.mean(0)`` to standardise them, ``y.max()``) would then compute
-    those from the batch. ``Ũ`` at ``z`` on the first ``b_p`` rows alone and on the same rows
-    followed by ``b_p`` others (the next rows, or the same rows plus one) must agree.
+    those from the batch. ``Ũ`` and ``∇Ũ`` at ``z`` on the first ``b_p`` rows alone and on the
+    same rows followed by ``b_p`` others (the next rows, or the same rows plus one) must agree.
 
     :raises ValueError: naming the arguments, the two values and the fix.
     """
@@ -281,17 +287,19 @@ def check_batch_rows_only(spec, structure, arrays, fed: FedRows, z):
         within.append(jax.device_put(np.concatenate([rows, other])))
     leaves = tuple(None if k in fed.leaves else jax.device_put(a) if isinstance(a, np.ndarray)
                    else a for k, a in enumerate(arrays))  # fmt: skip
-    first, second = (float(u) for u in _potentials(spec, structure, fed, z, leaves, alone,
-                                                    within))  # fmt: skip
-    if not np.isclose(first, second, rtol=1e-5, atol=1e-5):
+    found = _potentials(spec, structure, fed, z, leaves, alone, within)
+    first, second = (np.asarray(u, np.float64) for u in found)
+    if not np.allclose(first, second, rtol=1e-5, atol=1e-5):
+        u1, u2 = first[0], second[0]
+        g1, g2 = np.linalg.norm(first[1:]), np.linalg.norm(second[1:])
         raise ValueError(
-            "The model uses its per-row arguments beyond its batch's rows: its potential on "
-            f"one batch is {first:.6g} given those rows alone and {second:.6g} given them "
-            "among other rows (a statistic of the whole argument, such as X.mean(0) or "
-            "y.max(), in the model). With file-backed data the tuner and run_kernel give the "
-            "model only the rows of each batch. Compute such statistics once, outside the "
-            "model, and pass them as arguments (in chunks for a file), or load the data into "
-            "memory and use numpyro.infer.MCMC."
+            "The model uses its per-row arguments beyond its batch's rows: on one batch its "
+            f"potential is {u1:.6g} and its gradient's norm {g1:.6g} given those rows alone, "
+            f"{u2:.6g} and {g2:.6g} given them among other rows (a statistic of the whole "
+            "argument, such as X.mean(0) or y.max(), in the model). With file-backed data "
+            "the tuner and run_kernel give the model only the rows of each batch. Compute "
+            "such statistics once, outside the model, and pass them as arguments (in chunks "
+            "for a file), or load the data into memory and use numpyro.infer.MCMC."
         )
 
 
