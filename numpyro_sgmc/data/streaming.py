@@ -5,9 +5,9 @@ A chain's batches are a function of its key and its batch sampler's state alone
 indices with the second (:mod:`~numpyro_sgmc.data.batches`), whatever the position. So the
 indices of the next ``S`` steps can be drawn before the steps run, by a small compiled program
 of the key splits and the sampler only (:func:`batch_indices`). :class:`RowFeed` gathers those
-rows of every per-row argument on the host (``np.take`` on the memory map: one contiguous run
-per batch for ``batch_sampling="blocks"``, a page per row for the random samplers,
-:func:`random_access`), stacks
+rows of every per-row argument on the host (for ``batch_sampling="blocks"`` one ``preadv`` of
+each batch's consecutive rows, :class:`BlockFile`; for the random samplers ``np.take`` on a
+mapping that reads a page per row, :func:`random_access`), stacks
 them as ``(S, b_p, ...)`` and puts them on the device; the runner's compiled chunk then runs
 the ``S`` steps with :func:`~numpyro_sgmc.data.gradients.minibatch` on fed rows, step ``t`` on the
 ``t``-th batch. The draws are those of the run on the same data in memory, for the same key
@@ -22,7 +22,7 @@ steps. What stays in memory: the non-per-row arguments, two feeds, and the pages
 the operating system caches.
 
 The tuner's passes over a sample of rows (the warm start's epochs, the information rows, the
-line of the Newton solves, the checks' rows) read their rows the same way, once per pass:
+rows of the Newton solves, the checks' rows) read their rows once per pass:
 :func:`rows_in_memory` gathers the distinct rows in file order and hands the compiled pass
 them and their positions. Evaluated in place, each random row of a file beyond RAM is a page
 fault that reads ahead a block of neighbours (measured: the warm start's 5 epochs on a
@@ -52,7 +52,7 @@ from numpyro_sgmc.data.batches import batch_sampler
 from numpyro_sgmc.data.gradients import sampler_state
 from numpyro_sgmc.data.model import potential
 from numpyro_sgmc.data.subsample import Batch, first_batch
-from numpyro_sgmc.data.validation import file_map, memory_mapped
+from numpyro_sgmc.data.validation import file_position, memory_mapped
 
 __all__ = [
     "FEED_BYTES",
@@ -73,7 +73,8 @@ FEED_BYTES = 2**25
 """Bytes of rows one feed holds (32 MB), or one kept draw's (``thinning`` draws) if more."""
 
 MAX_DRAW_BYTES = 2**28
-"""Rows of one draw (``num_steps`` batches) above which a run reads the data in place."""
+"""Rows of one draw (``num_steps`` batches), or of one gather of a tuner's row sample
+(:func:`rows_in_memory`), above which the data are read in place."""
 
 _RUNNER = contextvars.ContextVar("numpyro_sgmc_runner", default=False)
 
@@ -116,8 +117,8 @@ def refuse_in_mcmc(name: str, model_args, model_kwargs):
 
 def _filename(x):
     """The file of the memory map ``x`` is (a view of), or ``None``."""
-    found = file_map(x)
-    return None if found is None else os.fspath(found.filename)
+    position = file_position(x)
+    return None if position is None else position[0]
 
 
 SPARSE_GAP = 2**16
@@ -131,13 +132,13 @@ def random_access(x, num_rows: int):
     On the user's mapping the kernel reads ahead around each fault (``read_ahead_kb``: 128 KB
     to 8 MB), and a gather of 1,024 rows from a 4.4 GB file beyond RAM read 3.8 GB. ``x``
     itself for data in memory, dense rows, or a platform without ``madvise``."""
-    base = file_map(x)
-    if base is None or not hasattr(mmap, "MADV_RANDOM") or min(x.strides, default=0) < 0:
+    position = file_position(x)
+    if position is None or not hasattr(mmap, "MADV_RANDOM") or min(x.strides, default=0) < 0:
         return x
     if x.nbytes < SPARSE_GAP * max(num_rows, 1):
         return x
-    start = base.offset + (x.__array_interface__["data"][0] - base.__array_interface__["data"][0])
-    with open(base.filename, "rb") as f:
+    filename, start = position
+    with open(filename, "rb") as f:
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     mapped.madvise(mmap.MADV_RANDOM)
     return np.ndarray(x.shape, x.dtype, buffer=mapped, offset=start, strides=x.strides)
@@ -205,8 +206,8 @@ def rows_in_memory(arrays: tuple, plates: tuple, indices):
     in place (the model's plates keep their sizes, ``data_indexed_model``). The rows are
     padded to as many as there are indices, so a pass compiles once per sample size.
 
-    Data in memory, and per-row arguments whose plate is ambiguous (two plates of one size),
-    are returned as they are (read in place).
+    Data in memory, per-row arguments whose plate is ambiguous (two plates of one size), and
+    rows of more than :data:`MAX_DRAW_BYTES` are returned as they are (read in place).
     """
     if isinstance(indices, Batch):
         arrays, rows = rows_in_memory(arrays, plates, indices.indices)
@@ -222,6 +223,9 @@ def rows_in_memory(arrays: tuple, plates: tuple, indices):
         if rows is None or name not in fed.plates:
             continue
         flat = np.asarray(rows).ravel()
+        row_bytes = sum(arrays[k][:1].nbytes for k, p in zip(*fed, strict=True) if p == name)
+        if flat.size * row_bytes > MAX_DRAW_BYTES:  # a sample near the whole data
+            continue
         distinct, position = np.unique(flat, return_inverse=True)
         taken[name] = np.pad(distinct, (0, flat.size - distinct.size), mode="edge")
         out[name] = position.reshape(np.shape(rows)).astype(np.int32)
@@ -343,19 +347,16 @@ class BlockFile:
     """
 
     def __init__(self, x):
-        base = file_map(x)
+        filename, self.start = file_position(x)
         self.rows, self.row_bytes = x.shape[0], x[:1].nbytes
-        self.start = base.offset + (
-            x.__array_interface__["data"][0] - base.__array_interface__["data"][0]
-        )
-        self.fd = os.open(base.filename, os.O_RDONLY)
+        self.fd = os.open(filename, os.O_RDONLY)
 
     @staticmethod
     def of(x):
         """A :class:`BlockFile` for ``x``, or ``None`` (in memory, or rows not contiguous)."""
-        if not file_backed(x) or file_map(x) is None or not x.flags.c_contiguous:
+        if file_position(x) is None or not x.flags.c_contiguous or not x.size:
             return None
-        return BlockFile(x) if hasattr(os, "preadv") and x.size else None
+        return BlockFile(x) if hasattr(os, "preadv") else None
 
     def read(self, out, first: int):
         """Rows ``first, first + 1, ...`` (wrapping after the last) into ``out`` (``(b, ...)``,

@@ -221,7 +221,7 @@ def memory_mapped(x: np.ndarray) -> bool:
     return False
 
 
-def file_map(x):
+def _file_map(x):
     """The :class:`numpy.memmap` of a file that ``x`` is (a view of), or ``None``: the one on
     the mapping itself, whose ``offset`` is its first byte's in the file (a view of a memmap
     is a memmap too, with the same ``offset``)."""
@@ -232,19 +232,28 @@ def file_map(x):
     return None
 
 
+def file_position(x):
+    """``(file name, offset)``: the file ``x`` is (a view of) a memory map of, and the offset
+    of ``x``'s first element in it; ``None`` for data in memory."""
+    base = _file_map(x)
+    if base is None:
+        return None
+    moved = x.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    return os.fspath(base.filename), base.offset + moved
+
+
 def _file_version(x):
     """A key for the bytes of the file-backed array ``x``: its file (inode, size, mtime), its
     first byte's offset there, shape, strides and dtype; ``None`` for data in memory."""
-    base = file_map(x)
-    if base is None:
+    position = file_position(x)
+    if position is None:
         return None
     try:
-        found = os.stat(base.filename)
+        found = os.stat(position[0])
     except OSError:
         return None
-    start = base.offset + (x.__array_interface__["data"][0] - base.__array_interface__["data"][0])
-    file = (os.fspath(base.filename), found.st_ino, found.st_size, found.st_mtime_ns)
-    return file + (start, x.shape, x.strides, x.dtype.str)
+    file = (found.st_ino, found.st_size, found.st_mtime_ns)
+    return position + file + (x.shape, x.strides, x.dtype.str)
 
 
 _KINDS = {"O": "Python objects", "U": "strings", "S": "bytes", "M": "dates", "m": "durations"}
