@@ -110,3 +110,40 @@ def test_a_cast_of_a_memory_map_larger_than_half_the_memory_is_refused(tmp_path,
     assert data["X"].dtype == np.float32
     _, report = autotune(linear_regression, jax.random.key(0), data["X"], data["y"])
     assert np.all(np.isfinite(report.predicted_sd))
+
+
+class _ChunkedStore:
+    """An array-like that is not a NumPy array (as zarr, h5py and tensorstore arrays are): a
+    shape, a dtype, row slices and ``__array__``, which reads all of it."""
+
+    def __init__(self, data):
+        self.data, self.shape, self.dtype = data, data.shape, data.dtype
+
+    def __getitem__(self, key):
+        return self.data[key]
+
+    def __len__(self):
+        return len(self.data)
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self.data, dtype)
+
+
+def test_a_store_larger_than_half_the_memory_is_refused_and_converted_in_chunks(
+    tmp_path, monkeypatch
+):
+    from numpyro_sgmc import autotune
+    from numpyro_sgmc.data import validation
+    from problems import linear_regression, make_linear_regression
+
+    problem = make_linear_regression(n=1000)
+    store = _ChunkedStore(np.asarray(problem.X))
+    _, small = autotune(linear_regression, jax.random.key(0), store, np.asarray(problem.y))
+    monkeypatch.setattr(validation, "physical_memory", lambda: 2.0**14)
+    with pytest.raises(ValueError, match=r"argument 'X' \(position 0\) is a test_on_disk\._Chunke"
+                       r"dStore of 1.1\de-05 GiB.*numpyro_sgmc.shuffle_to_disk"):  # fmt: skip
+        autotune(linear_regression, jax.random.key(0), store, np.asarray(problem.y))
+    data = shuffle_to_disk(jax.random.key(1), {"X": store, "y": np.asarray(problem.y)},
+                           tmp_path / "s", progress=False)  # fmt: skip
+    _, report = autotune(linear_regression, jax.random.key(0), data["X"], data["y"])
+    np.testing.assert_allclose(report.predicted_sd, small.predicted_sd, rtol=1e-3)

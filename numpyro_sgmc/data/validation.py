@@ -271,8 +271,30 @@ def _convert(x, label: str):
             return x
         return _canonical(array, label) if array.dtype.kind in "biufc" and array.ndim else x
     if hasattr(x, "__array__") and not isinstance(x, np.generic):
+        _refuse_large_store(x, label)
         return _canonical(_to_numpy(x, label), label)
     return x
+
+
+def _refuse_large_store(x, label: str):
+    """An array-like that is not a NumPy array (zarr, h5py, tensorstore, dask) becomes one by
+    reading it whole; one larger than half the machine's memory is refused instead."""
+    shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
+    if _is_pandas(x) or shape is None or dtype is None:
+        return
+    try:
+        size = math.prod(int(s) for s in shape) * np.dtype(dtype).itemsize
+    except TypeError:  # not a NumPy dtype
+        return
+    if size > _CAST_SHARE * physical_memory():
+        raise ValueError(
+            f"Model {label} is a {type(x).__module__}.{type(x).__name__} of {size / 2**30:.3g} "
+            f"GiB; the kernels read a NumPy array or a memory-mapped .npy file, and this "
+            f"would be read whole into memory (more than {_CAST_SHARE:.0%} of this machine's "
+            f"{physical_memory() / 2**30:.3g} GiB). Write it once to .npy files, in chunks: "
+            "numpyro_sgmc.shuffle_to_disk(key, {'X': X, ...}, directory) reads any array that "
+            "slices by rows and returns the memory maps to pass instead."
+        )
 
 
 def as_arrays(model: Callable, model_args, model_kwargs) -> tuple:
