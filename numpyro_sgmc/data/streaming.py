@@ -504,11 +504,17 @@ class RowFeed:
         return tuple(out)
 
     def _blocks(self, block, idx, source):
-        """The rows of batches of consecutive indices, one read per batch, in parallel."""
+        """The rows of batches of consecutive indices, one read per batch, the batches split
+        over the reading threads (a task per batch would cost more than a cached read)."""
         taken = np.empty(idx.shape + source.shape[1:], source.dtype)
         batches = taken.reshape((-1,) + idx.shape[-1:] + source.shape[1:])
         firsts = idx.reshape(-1, idx.shape[-1])[:, 0].tolist()
-        list(self.readers.map(block.read, batches, firsts))
+
+        def read(share):
+            for k in share:
+                block.read(batches[k], firsts[k])
+
+        list(self.readers.map(read, np.array_split(np.arange(len(firsts)), READ_THREADS)))
         return taken
 
     def close(self):
