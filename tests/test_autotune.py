@@ -354,3 +354,60 @@ def test_the_linearity_profile_from_a_gradient_beside_the_mode_is_the_one_at_it(
     # the rows' error in the gradient's change over 0.05 sds: 0.014 nats here
     assert np.abs(rises((beside, gradient(beside))) - at_mode).max() < 0.03
     assert np.abs(rises((beside, gradient(mode))) - at_mode).max() > 0.1  # 0.30 here
+
+
+def test_the_run_takes_the_tuners_centre_gradient_on_the_same_data_only(tmp_path):
+    """On the data it was tuned on (the same memory-mapped files, the same JAX arrays, or small
+    NumPy arrays of the same values), a tuned kernel's control-variate centre is the tuner's
+    last exact point, with the full-data gradient its pass computed there; on other data of
+    the same shapes the kernel computes the gradient at the mode on those. Either way the
+    centre's gradient is exact."""
+    from numpyro_sgmc.data import streaming
+    from numpyro_sgmc.data.gradients import exact_gradient
+    from numpyro_sgmc.data.model import prepare_model
+
+    X, y = (np.asarray(a) for a in make_logistic(n=4000, d=3, seed=5)[:2])
+    other = make_logistic(n=4000, d=3, seed=6)[:2]
+    np.save(tmp_path / "X.npy", X)
+    np.save(tmp_path / "y.npy", y)
+    on_file = tuple(np.load(tmp_path / f, mmap_mode="r") for f in ("X.npy", "y.npy"))
+    in_jax = (jnp.asarray(X), jnp.asarray(y))
+    for data, same in [((X, y), (X.copy(), y.copy())), (on_file, on_file), (in_jax, in_jax)]:
+        kernel, report = autotune(logistic_regression, KEY, *data)
+        assert report.control_variates and kernel.tuned.data is not None
+        point = np.asarray(kernel.tuned.exact[0], np.float32)
+        for args, taken in [(same, True), (other, False)]:
+            with streaming.runner():  # as run_kernel does: file-backed data allowed
+                centre = kernel.init(jax.random.key(1), 10, None, args, {}).estimator.centre
+            position = np.asarray(report.layout.ravel(centre.position))
+            assert np.array_equal(position, point) == taken
+            spec = prepare_model(KEY, logistic_regression, args).spec
+            exact = report.layout.ravel(exact_gradient(spec, centre.position, args, {})[1])
+            np.testing.assert_allclose(
+                report.layout.ravel(centre.gradient), exact, rtol=1e-4, atol=1e-6
+            )
+
+
+def test_a_data_version_is_equal_only_for_the_same_values(tmp_path):
+    """``data_version``: small NumPy arrays by their values, JAX arrays by identity (they are
+    immutable), files by their version; a large NumPy array in memory, which may change in
+    place, has none, and a pickled version equals no live data."""
+    import pickle
+
+    from numpyro_sgmc.data.model import data_version
+
+    small, big = np.arange(10.0, dtype=np.float32), np.zeros((600, 600), np.float32)
+    x = jnp.asarray(big)
+    assert data_version((small,), {}) == data_version((small.copy(),), {})
+    assert data_version((small,), {}) != data_version((small + 1,), {})
+    assert data_version((small,), {"scale": 1.0}) != data_version((small,), {"scale": 2.0})
+    assert data_version((x,), {}) == data_version((x,), {})
+    assert data_version((x,), {}) != data_version((jnp.asarray(big),), {})
+    assert data_version((big,), {}) is None
+    assert pickle.loads(pickle.dumps(data_version((x,), {}))) != data_version((x,), {})
+    np.save(tmp_path / "big.npy", big)
+    on_file = np.load(tmp_path / "big.npy", mmap_mode="r")
+    before = data_version((on_file,), {})
+    assert before == data_version((np.load(tmp_path / "big.npy", mmap_mode="r"),), {})
+    np.save(tmp_path / "big.npy", big[:300] + 1)  # written again in place: another version
+    assert data_version((on_file,), {}) != before

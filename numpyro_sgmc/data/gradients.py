@@ -56,7 +56,9 @@ __all__ = [
 
 class Estimator(NamedTuple):
     """``init(rng_key, centre, model_args, model_kwargs) -> state``;
-    ``estimate(state, position, rng_key, model_args, model_kwargs) -> (ĝ, state)``."""
+    ``estimate(state, position, rng_key, model_args, model_kwargs) -> (ĝ, state)``.
+
+    ``centre`` is a position, or a :class:`Centre` whose gradient is already known."""
 
     init: Callable
     estimate: Callable
@@ -136,13 +138,15 @@ def control_variates(estimator: Estimator, full_gradient: Callable) -> Estimator
     :param estimator: any :class:`Estimator`; both of its evaluations share one batch and run
         as one vectorised pass.
     :param full_gradient: ``full_gradient(position, model_args, model_kwargs) -> -∇U/n``,
-        exact (e.g. :func:`full_data_gradient`), evaluated once at ``init``.
+        exact (e.g. :func:`full_data_gradient`), evaluated once at ``init`` unless ``init``
+        is given a :class:`Centre` (the tuner's, whose pass computed it).
     """
 
     def init(rng_key, centre, model_args, model_kwargs):
-        gradient = full_gradient(centre, model_args, model_kwargs)
-        inner = estimator.init(rng_key, centre, model_args, model_kwargs)
-        return ControlVariateState(inner, Centre(centre, gradient))
+        if not isinstance(centre, Centre):
+            centre = Centre(centre, full_gradient(centre, model_args, model_kwargs))
+        inner = estimator.init(rng_key, centre.position, model_args, model_kwargs)
+        return ControlVariateState(inner, centre)
 
     def estimate(state, position, rng_key, model_args, model_kwargs):
         both = jax.tree.map(lambda a, b: jnp.stack([a, b]), position, state.centre.position)

@@ -65,6 +65,7 @@ __all__ = [
     "SubsampledModel",
     "constrain",
     "constrained",
+    "data_version",
     "num_data",
     "potential",
     "prepare_model",
@@ -208,6 +209,16 @@ def split_args(model_args, model_kwargs) -> tuple:
     arrays = tuple(x for x, a in zip(leaves, is_array, strict=True) if a)
     static = tuple(_ARRAY if a else x for x, a in zip(leaves, is_array, strict=True))
     return arrays, ArgStructure(treedef, static)
+
+
+def data_version(model_args, model_kwargs) -> Optional[tuple]:
+    """A key for the model arguments, or ``None`` where one would cost a pass over the data:
+    their :class:`ArgStructure` and the
+    :func:`~numpyro_sgmc.data.validation.arrays_version` of their arrays. Equal keys mean
+    the same data, so what a pass computed on one holds for the other (``Tuned.centre``)."""
+    arrays, structure = split_args(model_args, model_kwargs)
+    version = validation.arrays_version(arrays)
+    return None if version is None else (structure, version)
 
 
 def potential(spec: ModelSpec, z: dict, batch: Batch, model_args, model_kwargs):

@@ -19,10 +19,12 @@ Every message names the argument, the problem and the fix; ``docs/bad-input.md``
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import math
 import mmap
 import os
+import weakref
 from typing import Callable, Optional
 
 import jax
@@ -37,7 +39,9 @@ from numpyro_sgmc.compilation import one_shot_jit
 from numpyro_sgmc.data.subsample import subsample_indices
 
 __all__ = [
+    "SameArray",
     "argument_labels",
+    "arrays_version",
     "as_arrays",
     "check_finite_data",
     "check_indexed_rows",
@@ -254,6 +258,63 @@ def _file_version(x):
         return None
     file = (found.st_ino, found.st_size, found.st_mtime_ns)
     return position + file + (x.shape, x.strides, x.dtype.str)
+
+
+SMALL_BYTES = 2**20
+"""NumPy arrays in memory up to this size are identified by their values
+(:func:`arrays_version`)."""
+
+
+def _nothing():
+    return None
+
+
+class SameArray:
+    """A live JAX array, equal only to itself: JAX arrays are immutable, so the same object
+    holds the same values. It keeps no reference (a weak one) and pickles as equal to
+    nothing."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, x):
+        self.ref = weakref.ref(x)
+
+    def __eq__(self, other):
+        return isinstance(other, SameArray) and self.ref() is not None and self.ref() is other.ref()
+
+    def __hash__(self):
+        return id(self.ref())
+
+    def __reduce__(self):
+        return _gone, ()
+
+
+def _gone():
+    found = SameArray.__new__(SameArray)
+    found.ref = _nothing
+    return found
+
+
+def arrays_version(arrays) -> Optional[tuple]:
+    """A key for the values of ``arrays``, or ``None`` where one would cost a pass over
+    them. Each array is file-backed (its :func:`_file_version`), a JAX array
+    (:class:`SameArray`) or a NumPy array of at most :data:`SMALL_BYTES` (a digest of its
+    bytes). Equal keys mean equal values; a large NumPy array in memory has none (it may
+    change in place, and hashing it costs a pass)."""
+    key = []
+    for x in arrays:
+        version = _file_version(x) if isinstance(x, np.ndarray) else None
+        if version is None and not not_jax_tracer(x):
+            return None
+        if version is None and isinstance(x, jax.Array):
+            version = SameArray(x)
+        if version is None:
+            if np.size(x) * np.dtype(x.dtype).itemsize > SMALL_BYTES:
+                return None
+            value = np.ascontiguousarray(x)
+            version = (value.shape, value.dtype.str, hashlib.blake2b(value.tobytes()).digest())
+        key.append(version)
+    return tuple(key)
 
 
 _KINDS = {"O": "Python objects", "U": "strings", "S": "bytes", "M": "dates", "m": "durations"}

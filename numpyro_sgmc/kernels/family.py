@@ -40,11 +40,12 @@ from numpyro_sgmc.compilation import one_shot_jit
 from numpyro_sgmc.data import sharding
 from numpyro_sgmc.data.batches import BATCH_SAMPLING
 from numpyro_sgmc.data.gradients import (
+    Centre,
     control_variates,
     full_data_gradient,
     minibatch,
 )
-from numpyro_sgmc.data.model import constrain
+from numpyro_sgmc.data.model import constrain, data_version
 from numpyro_sgmc.kernels.core import tree_all_finite
 
 __all__ = [
@@ -133,11 +134,21 @@ class KernelOptions(NamedTuple):
 
 class Tuned(NamedTuple):
     """What :func:`~numpyro_sgmc.autotune` tuned a kernel for: the data's plates, the mode and
-    the predicted law of the unconstrained parameters (flat ``mean``, a scale ``covariance``)."""
+    the predicted law of the unconstrained parameters (flat ``mean``, a scale ``covariance``).
+
+    :param exact: ``(x, ĝ)``: a point within the tuner's tolerance of the mode (0.05 posterior
+        sds) and the full-data gradient ``ĝ = -∇U(x)/n`` its last pass computed (flat), or
+        ``None``.
+    :param data: the :func:`~numpyro_sgmc.data.model.data_version` of the data it was
+        tuned on, or ``None``: on the same data ``(x, ĝ)`` is the control-variate centre, and
+        the run needs no full-data pass of its own.
+    """
 
     plates: tuple
     mean: Any
     covariance: Any
+    exact: Optional[tuple] = None
+    data: Optional[tuple] = None
 
     def check(self, plates, kernel_name: str):
         """The data a tuned kernel runs on are the data it was tuned on (their plate sizes)."""
@@ -158,11 +169,22 @@ class Tuned(NamedTuple):
         root = jax.tree.map(lambda a: host.device_array(a, mean.dtype), self.covariance.sqrt())
         return _predicted_draws(layout, batched, mean, root, rng_key)
 
-    def centre(self, layout, num_chains: Optional[int]):
-        """The control-variate centre: the mode, for every chain."""
-        mean = np.asarray(self.mean)
-        mean = mean if num_chains is None else np.broadcast_to(mean, (num_chains,) + mean.shape)
-        return layout.unravel(mean)
+    def centre(self, layout, num_chains: Optional[int], model_args, model_kwargs):
+        """The control-variate centre of every chain: on the data it was tuned on (the same
+        :func:`~numpyro_sgmc.data.model.data_version`), the
+        :class:`~numpyro_sgmc.data.gradients.Centre` ``(x, ĝ)`` of :attr:`exact`; otherwise
+        the mode, whose gradient the kernel's ``init`` computes."""
+        dtype = np.asarray(self.mean).dtype
+
+        def each(flat):
+            flat = np.asarray(flat, dtype)
+            flat = flat if num_chains is None else np.broadcast_to(flat, (num_chains,) + flat.shape)
+            return layout.unravel(flat)
+
+        same = self.data is not None and self.data == data_version(model_args, model_kwargs)
+        if self.exact is None or not same:
+            return each(self.mean)
+        return Centre(each(self.exact[0]), each(self.exact[1]))
 
 
 @one_shot_jit(("layout", "batched"))

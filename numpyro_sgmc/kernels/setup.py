@@ -84,7 +84,7 @@ def start(recipe: Recipe, model, rng_key, num_warmup, init_params, model_args, m
     shards = sharding.data_layout(model_args, model_kwargs, prepared.plates)
     if tuned is not None:
         tuned.check(prepared.plates, name)
-    z, centre = _starts(recipe, prepared, chain_init, key_init, batched)
+    z, centre = _starts(recipe, prepared, chain_init, key_init, batched, model_args, model_kwargs)
     checks.check_position(z, prepared.init_params, batched)
     first = host.take(z) if batched else z
     key = host.unstack_keys(key_check)[0] if batched else key_check
@@ -95,7 +95,7 @@ def start(recipe: Recipe, model, rng_key, num_warmup, init_params, model_args, m
         checks.check_finite_start(prepared.spec, z, *data, batched)
     if options.batch_sampling == "blocks":
         checks.check_row_order(prepared.spec, first, key, *data, name)
-    if centre is not None:
+    if chain_init.centre is not None:
         checks.check_position(centre, prepared.init_params, batched, "ChainInit.centre")
     chosen = None
     if isinstance(dynamics.step_size, auto_step.Auto):  # a fraction of each chain's bound
@@ -125,9 +125,10 @@ def start(recipe: Recipe, model, rng_key, num_warmup, init_params, model_args, m
     return Start(state, prepared, config, batched, chosen, step_check)
 
 
-def _starts(recipe: Recipe, prepared, chain_init: ChainInit, rng_key, batched: bool):
+def _starts(recipe: Recipe, prepared, chain_init: ChainInit, rng_key, batched: bool, *data):
     """Each chain's start and control-variate centre: the given ones; else, for a tuned
-    kernel, draws from the predicted law and the mode; else the init strategy's."""
+    kernel, draws from the predicted law and its centre (``Tuned.centre``: with its gradient
+    on the data it was tuned on); else the init strategy's."""
     z, centre, tuned = chain_init.params, chain_init.centre, recipe.tuned
     if z is None:
         z = prepared.init_params
@@ -135,7 +136,7 @@ def _starts(recipe: Recipe, prepared, chain_init: ChainInit, rng_key, batched: b
             z = tuned.draws(rng_key, prepared.layout, batched)
     if centre is None and recipe.dynamics.control_variates and tuned is not None:
         num_chains = jax.tree.leaves(z)[0].shape[0] if batched else None
-        centre = tuned.centre(prepared.layout, num_chains)
+        centre = tuned.centre(prepared.layout, num_chains, *data)
     return z, centre
 
 

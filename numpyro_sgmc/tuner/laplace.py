@@ -112,6 +112,8 @@ class Fit(NamedTuple):
     :param int rows_visited: rows whose per-datum terms were computed, all passes together.
     :param correlations: for a diagonal ``J``, the :class:`Correlations` it leaves out
         (``None`` for a dense ``J``).
+    :param exact: ``(x, ĝ)``, a point within the polish's tolerance of the mode and the
+        full-data gradient ``ĝ = -∇U(x)/n`` a pass computed there (flat, float64).
     """
 
     mode: dict
@@ -123,6 +125,7 @@ class Fit(NamedTuple):
     nonlinearity: list
     rows_visited: int
     correlations: Optional[Correlations] = None
+    exact: Optional[tuple] = None
 
 
 def fit(problem: Problem, warm, weights) -> Fit:
@@ -186,7 +189,7 @@ def fit(problem: Problem, warm, weights) -> Fit:
         linked = correlations(problem, mode, info)
         visited += min(info.num_rows, CORRELATION_ROWS)
         error = with_correlations(error, linked, weights)
-    return Fit(mode, info, distance, passes, error, cv_noise, findings, visited, linked)
+    return Fit(mode, info, distance, passes, error, cv_noise, findings, visited, linked, exact)
 
 
 def prediction_error(info, weights) -> np.ndarray:

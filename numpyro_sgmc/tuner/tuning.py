@@ -49,7 +49,14 @@ from numpyro.infer.initialization import init_to_mean, init_to_value
 from numpyro_sgmc import host, scales, theory
 from numpyro_sgmc.compilation import one_shot_jit
 from numpyro_sgmc.data import validation
-from numpyro_sgmc.data.model import Layout, constrain, constrained, prepare_model, split_args
+from numpyro_sgmc.data.model import (
+    Layout,
+    constrain,
+    constrained,
+    data_version,
+    prepare_model,
+    split_args,
+)
 from numpyro_sgmc.kernels import SGD, SGLD, SGLDFP
 from numpyro_sgmc.kernels.curvature import largest_eigenvalue
 from numpyro_sgmc.kernels.shell import Tuned
@@ -189,9 +196,11 @@ def autotune(
     n = problem.prepared.num_data
     # the optimizer's epochs, then a pass for the exact gradient at each restart's mode
     setup = warm.num_epochs + warm.num_restarts + local.passes + local.rows_visited / n
-    setup += 1.0 if best.tuning.control_variates else 0.0  # the centre's full-data gradient
+    # the centre's full-data gradient, unless the run can take the tuner's (Tuned.centre)
+    data = data_version(model_args, model_kwargs)
+    setup += 1.0 if best.tuning.control_variates and data is None else 0.0
     choice = Choice(target, weights, best, alternatives, setup)
-    return _build(problem, local, warm, choice)
+    return _build(problem, local, warm, choice, data)
 
 
 def _check_rows_for(plates, weights):
@@ -358,8 +367,9 @@ _REPORTED = (
 """The :class:`~numpyro_sgmc.theory.Tuning` fields the report carries as they are."""
 
 
-def _build(problem, fit, warm, choice):
-    """The kernel of the chosen tuning, started at the mode, and its report."""
+def _build(problem, fit, warm, choice, data):
+    """The kernel of the chosen tuning, started at the mode, and its report; ``data``: the
+    :func:`~numpyro_sgmc.data.model.data_version` of the data (``Tuned``)."""
     tuning, best, options = choice.best.tuning, choice.best, problem.options
     prepared, args, kwargs = problem.prepared, problem.model_args, problem.model_kwargs
     covariance, target = tuning.covariance, tuning.target
@@ -396,7 +406,8 @@ def _build(problem, fit, warm, choice):
             noise_preconditioner=tuning.noise_preconditioner,
         )
     kernel = cls(prepared.spec.model, tuning.step_size, **noise, **common)
-    kernel = kernel.with_tuning(Tuned(prepared.plates, prepared.layout.ravel(fit.mode), covariance))
+    mode = prepared.layout.ravel(fit.mode)
+    kernel = kernel.with_tuning(Tuned(prepared.plates, mode, covariance, fit.exact, data))
     report = TuningReport(
         **{field: getattr(tuning, field) for field in _REPORTED},
         algorithm=type(kernel).__name__,
