@@ -44,7 +44,13 @@ from numpyro_sgmc.tuner.rows import (
 )
 from numpyro_sgmc.tuner.rowsums import global_terms, plate_sums, probe_spread
 
-__all__ = ["Information", "control_variate_noise", "information", "information_of"]
+__all__ = [
+    "Information",
+    "NotPositiveDefinite",
+    "control_variate_noise",
+    "information",
+    "information_of",
+]
 
 KINDS = ("dense", "diagonal")
 # J + J_prior counts as singular when its smallest eigenvalue is below this fraction of its
@@ -487,6 +493,15 @@ def _ridge_for(lo: float, hi: float, rtol: float) -> float:
     return float(max(r, 0.0))
 
 
+class NotPositiveDefinite(ValueError):
+    """``J + J_prior`` is not positive definite; ``sites``: the parameters of its smallest
+    eigenvector's largest entries."""
+
+    def __init__(self, sites, message):
+        super().__init__(message)
+        self.sites = sites
+
+
 def _regularize(J, J_prior, regularize, rtol, layout) -> float:
     """The ridge to add to ``J`` (0.0 if none), or raise if ``J + J_prior`` is singular.
 
@@ -529,10 +544,11 @@ def _regularize(J, J_prior, regularize, rtol, layout) -> float:
         else f"J + J_prior plus the ridge regularize={ridge:g} is still not positive "
         f"definite: {what}"
     )
-    raise ValueError(
+    raise NotPositiveDefinite(
+        sites,
         prefix + f", in the direction of {', '.join(sites)}. The data (and prior) do not "
         "identify these parameters at params. Fixes: use more data rows (num_rows=None uses "
         "all), a proper prior on these sites, check params is a mode (not a saddle), or pass "
         "regularize=<ridge> (added to J) or regularize='auto' (the smallest ridge with "
-        f"λmin >= {rtol:.2g}·λmax)."
+        f"λmin >= {rtol:.2g}·λmax).",
     )

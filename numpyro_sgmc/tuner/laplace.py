@@ -41,7 +41,11 @@ from numpyro_sgmc.diagnostics import ConvergenceWarning, LinearizationWarning, w
 from numpyro_sgmc.kernels.curvature import random_rows
 from numpyro_sgmc.scales import Diagonal, positive_definite
 from numpyro_sgmc.theory import target_covariance
-from numpyro_sgmc.tuner.fisher import control_variate_noise, information_of
+from numpyro_sgmc.tuner.fisher import (
+    NotPositiveDefinite,
+    control_variate_noise,
+    information_of,
+)
 from numpyro_sgmc.tuner.options import AutotuneOptions
 from numpyro_sgmc.tuner.rows import (
     CONTROL_VARIATE_ROWS,
@@ -151,11 +155,16 @@ def fit(problem: Problem, warm, weights) -> Fit:
     u = None if warm.potential is None else float(warm.potential[warm.best])
     # a sample's mode lies about sqrt(d (n/m - 1)) posterior sds from the data's
     apart = 0.0 if warm.sample_size is None else math.sqrt(d * (n / warm.sample_size - 1.0))
-    mode, distance, passes, info, exact = newton_polish(
+    mode, distance, passes, info, exact, settled = newton_polish(
         problem, warm.member(warm.best), gradient, info_at, potential=u, distance=apart
     )
     if info is None or info.regularization > 0 or options.regularize is not None:
-        info = info_at(mode)  # the curvature at the mode, with the user's regularisation
+        try:
+            info = info_at(mode)  # the curvature at the mode, with the user's regularisation
+        except NotPositiveDefinite as error:
+            if settled:
+                raise
+            raise ValueError(_no_mode(error.sites)) from error
     while True:
         error = prediction_error(info, weights)
         worst = float(np.max(error))
@@ -190,6 +199,23 @@ def fit(problem: Problem, warm, weights) -> Fit:
         visited += min(info.num_rows, CORRELATION_ROWS)
         error = with_correlations(error, linked, weights)
     return Fit(mode, info, distance, passes, error, cv_noise, findings, visited, linked, exact)
+
+
+def _no_mode(sites) -> str:
+    """Why there is nothing to tune at when the polish stopped where ``J`` is not positive
+    definite along ``sites``, and the fixes."""
+    return (
+        "autotune found no mode to linearise at: the damped Newton steps after the warm start "
+        "did not settle (the ConvergenceWarning above), and where they stopped J + J_prior "
+        f"is not positive definite in the direction of {', '.join(sites)}. The tuner "
+        "predicts a Gaussian at a mode, and this posterior is not near-Gaussian around any "
+        "point they reached: a ridge or a funnel. A common cause is a non-centred hierarchy "
+        "(alpha = mu + tau * z) whose groups are well observed: its posterior curves along "
+        "the group scale, and its joint mode, held there by the scale's prior, is far from "
+        "where the posterior is. Write such a hierarchy centred (alpha ~ Normal(mu, tau)), "
+        "which is near-Gaussian when every group has many rows; otherwise give these sites "
+        "a more informative prior, or run the warm start longer (warm_start_epochs)."
+    )
 
 
 def prediction_error(info, weights) -> np.ndarray:
@@ -339,12 +365,13 @@ def newton_polish(
     :param info_at: ``info_at(params, regularize, more_rows=False) -> Information``; a ``J``
         estimated near the mode whose step does not halve the distance is estimated again
         from twice the rows (heavy-tailed rows make a few thousand of them a poor ``J``).
-    :return: ``(mode, distance, passes, information, exact)``: the polished mode, the length
-        of the first step in posterior sds, the passes over the data (each evaluation of ``U``
-        on every row, the line searches' halvings included), the information at the mode
-        (``None`` when the mode moved more than ``tol`` sds since it was estimated), and
-        ``(x, ĝ)``, the last point whose full-data gradient ``ĝ`` a pass computed (within
-        ``tol`` sds of the mode; the mode itself if the polish stopped short).
+    :return: ``(mode, distance, passes, information, exact, settled)``: the polished mode,
+        the length of the first step in posterior sds, the passes over the data (each
+        evaluation of ``U`` on every row, the line searches' halvings included), the
+        information at the mode (``None`` when the mode moved more than ``tol`` sds since it
+        was estimated), ``(x, ĝ)``, the last point whose full-data gradient ``ĝ`` a pass
+        computed (within ``tol`` sds of the mode; the mode itself if the polish stopped
+        short), and whether it settled within ``tol``.
     """
     prepared = problem.prepared
     layout, n = prepared.layout, prepared.num_data
@@ -412,7 +439,7 @@ def newton_polish(
     # the last step, from a J estimated where it started, is within tol of exact; it needs no
     # pass of its own: ∇U there follows from ∇U at x (linearity's anchor)
     mode = _point(layout, x + step if settled else x, dtype)
-    return mode, first, passes, (info if settled and fresh else None), (x, g)
+    return mode, first, passes, (info if settled and fresh else None), (x, g), settled
 
 
 def _newton_direction(problem, x, g, J, num_rows, fallback, dtype, iterations=100):

@@ -258,7 +258,15 @@ def _scales(prepared, rng_key, model_args, model_kwargs, z0, num_rows=WARM_START
     """``(K, d)`` natural scales of the parameters at the starts: ``1/sqrt(F_jj)``, ``F`` the
     empirical Fisher information's diagonal per datum there plus the prior's curvature, so
     that Adam's steps are in units of each parameter's own scale (a covariate multiplied by
-    ``10⁴`` just works)."""
+    ``10⁴`` just works).
+
+    A parameter with no per-datum gradient (``F_jj = 0``: a hierarchy's mean and scale) has
+    only the prior's curvature, at the start; in a hierarchy that depends on where the group
+    parameters are. At a start with the groups equal, a group scale's curvature is nearly
+    zero, and its ``1/sqrt`` made Adam's steps along ``log τ`` tens of posterior sds long
+    (200 groups at ``n = 10⁵``: 280 per datum, against 16 at the posterior; the warm start
+    ended at ``τ ≈ 2000``). Such a scale is capped at the widest of the parameters the data inform:
+    a smaller scale only takes Adam more of its thousands of steps."""
     spec, layout = prepared.spec, prepared.layout
     arrays, structure = split_args(model_args, model_kwargs)
     rows = sample_rows(Stream.WARM_START_ROWS, rng_key, spec.plates, num_rows).indices
@@ -280,7 +288,11 @@ def _scales(prepared, rng_key, model_args, model_kwargs, z0, num_rows=WARM_START
         curvature = fisher + np.maximum(prior, 0.0) / spec.num_data
         positive = curvature[curvature > 0]
         floor = 1e-12 * (positive.max() if positive.size else 1.0)
-        out.append(np.where(curvature > floor, 1.0 / np.sqrt(np.maximum(curvature, floor)), 1.0))
+        scale = np.where(curvature > floor, 1.0 / np.sqrt(np.maximum(curvature, floor)), 1.0)
+        informed = fisher > 0
+        if np.any(informed):  # the prior's curvature alone can be far too flat (docstring)
+            scale = np.where(informed, scale, np.minimum(scale, scale[informed].max()))
+        out.append(scale)
     return host.device_array(np.stack(out), z0.dtype)
 
 
