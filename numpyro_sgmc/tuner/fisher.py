@@ -407,7 +407,7 @@ def _leave_one_out(plates, sums, n, kind):
 
 def control_variate_noise(prepared, rng_key, model_args, model_kwargs, params, covariance,
                           num_rows=CONTROL_VARIATE_ROWS, num_probes=PROBES,
-                          kind="dense") -> dict:  # fmt: skip
+                          kind="dense") -> tuple:  # fmt: skip
     """Per plate, ``M̂_p = mean_k Cov_{i∈p}[∇l_i(θ̂ + δ_k) - ∇l_i(θ̂)]`` with ``E[δδᵀ] = Σ``: the
     covariance of the control-variate gradient's noise, per datum, over the law ``Σ`` the chain
     samples (:func:`~numpyro_sgmc.tuner.rowsums.probe_spread`). Its per-step noise is
@@ -417,7 +417,9 @@ def control_variate_noise(prepared, rng_key, model_args, model_kwargs, params, c
     ``O(rows · d)`` memory (``d²`` more for ``kind="dense"``).
 
     :param covariance: ``Σ``, a scale.
-    :return: plate name -> a scale (``Dense`` or ``Diagonal`` by ``kind``).
+    :return: ``(noise, error)``: plate name -> a scale (``Dense`` or ``Diagonal`` by
+        ``kind``), and plate name -> ``(d,)`` the standard error of its diagonal relative to
+        it (zero for the exact probes; for random ones, from their spread).
     """
     spec, layout, plates = prepared.spec, prepared.layout, prepared.plates
     dtype = jnp.result_type(float)
@@ -432,11 +434,11 @@ def control_variate_noise(prepared, rng_key, model_args, model_kwargs, params, c
     arrays, structure = split_args(model_args, model_kwargs)
     rows = choose_rows(plates, min(int(num_rows), spec.num_data), rng_key)
     wrap = Dense if kind == "dense" else Diagonal
-    out = {}
+    out, errors = {}, {}
     for p in plates:
         r = np.arange(p.size) if rows[p.name] is None else rows[p.name]
         rows_arrays, r = rows_in_memory(arrays, plates, {p.name: r})
-        spread = probe_spread(
+        spread, error = probe_spread(
             spec,
             structure,
             layout,
@@ -449,7 +451,8 @@ def control_variate_noise(prepared, rng_key, model_args, model_kwargs, params, c
         )
         _check_finite([spread], f"the control-variate noise of plate '{p.name}'")
         out[p.name] = wrap(0.5 * (spread + spread.T) if kind == "dense" else spread)
-    return out
+        errors[p.name] = np.zeros(d) if d <= num_probes else error
+    return out, errors
 
 
 def check_params(params, prepared, dtype) -> dict:

@@ -118,6 +118,8 @@ class Fit(NamedTuple):
         (``None`` for a dense ``J``).
     :param exact: ``(x, ĝ)``, a point within the polish's tolerance of the mode and the
         full-data gradient ``ĝ = -∇U(x)/n`` a pass computed there (flat, float64).
+    :param dict cv_noise_error: plate -> ``(d,)``, the relative standard error of
+        ``cv_noise``'s diagonal (its probes').
     """
 
     mode: dict
@@ -130,6 +132,7 @@ class Fit(NamedTuple):
     rows_visited: int
     correlations: Optional[Correlations] = None
     exact: Optional[tuple] = None
+    cv_noise_error: Optional[dict] = None
 
 
 def fit(problem: Problem, warm, weights) -> Fit:
@@ -186,7 +189,7 @@ def fit(problem: Problem, warm, weights) -> Fit:
     # as many rows as made J and I accurate: a few thousand miss the rare rows of large
     # curvature (raw covariates) that dominate the control-variate noise
     cv_rows = min(n, max(CONTROL_VARIATE_ROWS, info.num_rows))
-    cv_noise = control_variate_noise(
+    cv_noise, cv_noise_error = control_variate_noise(
         prepared, problem.rng_key, problem.model_args, problem.model_kwargs, mode, target,
         num_rows=cv_rows, kind=kind,
     )  # fmt: skip
@@ -198,7 +201,10 @@ def fit(problem: Problem, warm, weights) -> Fit:
         linked = correlations(problem, mode, info)
         visited += min(info.num_rows, CORRELATION_ROWS)
         error = with_correlations(error, linked, weights)
-    return Fit(mode, info, distance, passes, error, cv_noise, findings, visited, linked, exact)
+    return Fit(
+        mode, info, distance, passes, error, cv_noise, findings, visited, linked, exact,
+        cv_noise_error,
+    )  # fmt: skip
 
 
 def _no_mode(sites) -> str:

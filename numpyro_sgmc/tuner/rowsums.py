@@ -205,14 +205,17 @@ def _spread(spec, structure, layout, kind, name, zf, deltas, rows, weights, arra
 
     def step(carry, k_delta):
         # step 0 (δ = 0) keeps ∇l_i(θ̂) as the base: the model is traced once
-        base, acc = carry
+        base, acc, squares = carry
         k, delta = k_delta
         g = _datum_gradients(spec, structure, layout, name, zf + delta, rows, arrays)
         base = jnp.where(k == 0, g, base)
         u = g - base
         u = u - jnp.sum(u * weights[:, None], 0) / total
         u = u * jnp.sqrt(weights)[:, None]
-        return (base, acc + (u.T @ u if kind == "dense" else jnp.sum(u**2, 0)) / total), None
+        diagonal = jnp.sum(u**2, 0) / total  # this probe's estimate of the diagonal
+        acc = acc + (u.T @ u / total if kind == "dense" else diagonal)
+        # step 0 adds zeros to both sums
+        return (base, acc, squares + diagonal**2), None
 
     steps = (
         jnp.arange(deltas.shape[0] + 1),
@@ -221,17 +224,23 @@ def _spread(spec, structure, layout, kind, name, zf, deltas, rows, weights, arra
     start = (
         jnp.zeros((rows.shape[0], d), zf.dtype),
         jnp.zeros((d, d) if kind == "dense" else d, zf.dtype),
+        jnp.zeros(d, zf.dtype),
     )
-    (_, acc), _ = lax.scan(step, start, steps)
-    return acc / deltas.shape[0]
+    (_, acc, squares), _ = lax.scan(step, start, steps)
+    return acc / deltas.shape[0], squares / deltas.shape[0]
 
 
-def probe_spread(spec, structure, layout, kind, name, zf, deltas, rows, arrays) -> np.ndarray:
-    """``M̂ = mean_k Cov_i[∇l_i(θ̂ + δ_k) - ∇l_i(θ̂)]`` over the rows ``rows`` of plate ``name``
-    and the probes ``deltas`` (``(K, d)``, drawn from the law the chain samples): the
-    per-datum-Hessian noise that control variates leave, ``M(Σ) = (1/n)Σ_i H_iΣH_i - H̄ΣH̄`` of
-    ``docs/theory.md`` §3 when the gradient is linear over the probes, and the exact noise of
-    the estimate at those points when it is not. ``(d, d)``, or its diagonal."""
+def probe_spread(spec, structure, layout, kind, name, zf, deltas, rows, arrays) -> tuple:
+    """``(M̂, e)``: ``M̂ = mean_k Cov_i[∇l_i(θ̂ + δ_k) - ∇l_i(θ̂)]`` over the rows ``rows`` of
+    plate ``name`` and the probes ``deltas`` (``(K, d)``, drawn from the law the chain
+    samples): the per-datum-Hessian noise that control variates leave,
+    ``M(Σ) = (1/n)Σ_i H_iΣH_i - H̄ΣH̄`` of ``docs/theory.md`` §3 when the gradient is linear
+    over the probes, and the exact noise of the estimate at those points when it is not.
+    ``(d, d)``, or its diagonal. ``e``: ``(d,)``, the standard error of ``M̂``'s diagonal
+    relative to it, from the spread of the probes' own estimates (for random probes)."""
     weights = device_array(np.ones(rows.shape[0]), zf.dtype)
-    out = _spread(spec, structure, layout, kind, name, zf, deltas, rows, weights, arrays)
-    return np.asarray(out, np.float64)
+    out, squares = _spread(spec, structure, layout, kind, name, zf, deltas, rows, weights, arrays)
+    out, squares = np.asarray(out, np.float64), np.asarray(squares, np.float64)
+    mean = np.diag(out) if kind == "dense" else out
+    spread = np.sqrt(np.maximum(squares - mean**2, 0.0) / deltas.shape[0])
+    return out, np.where(mean > 0, spread / np.where(mean > 0, mean, 1.0), 0.0)
