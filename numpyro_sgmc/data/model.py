@@ -213,8 +213,9 @@ def split_args(model_args, model_kwargs) -> tuple:
 
 def data_version(model_args, model_kwargs) -> Optional[tuple]:
     """A key for the model arguments, or ``None`` where one would cost a pass over the data:
-    their :class:`ArgStructure` and the
-    :func:`~numpyro_sgmc.data.validation.arrays_version` of their arrays. Equal keys mean
+    their :class:`ArgStructure` and the ``arrays_version`` of their arrays
+    (``numpyro_sgmc.data.validation``: file versions, JAX arrays by identity, digests of small
+    NumPy arrays). Equal keys mean
     the same data, so what a pass computed on one holds for the other (``Tuned.centre``)."""
     arrays, structure = split_args(model_args, model_kwargs)
     version = validation.arrays_version(arrays)

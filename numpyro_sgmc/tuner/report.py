@@ -51,7 +51,9 @@ class TuningReport(NamedTuple):
     :param dict transforms: site -> the transform from unconstrained to constrained values.
     :param list alternatives: ``(row, mixing_epochs or message)`` of every row considered.
     :param prediction_error: ``(d,)`` relative standard error of the predicted sds
-        (:attr:`~numpyro_sgmc.tuner.laplace.Fit.prediction_error`).
+        (:attr:`~numpyro_sgmc.tuner.laplace.Fit.prediction_error`, and what the
+        control-variate noise's estimate leaves in the run's:
+        :func:`~numpyro_sgmc.tuner.tuning.noise_estimate_error`).
     :param list nonlinearity: the :class:`~numpyro_sgmc.tuner.laplace.Nonlinearity` of the
         target's widest directions.
     :param correlations: for a diagonal ``J``, the :class:`~numpyro_sgmc.tuner.laplace.Correlations`
@@ -165,7 +167,8 @@ def describe(report: TuningReport) -> str:
         lines.append(
             f"  prediction error: predicted sds within "
             f"±{100 * np.max(report.prediction_error):.2g}% (one standard error: the "
-            "information rows and the distance from a Gaussian)"
+            "information rows, the distance from a Gaussian and the control-variate noise's "
+            "estimate)"
         )
     free = info.data_free
     if np.any(free):

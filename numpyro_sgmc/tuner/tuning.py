@@ -30,8 +30,8 @@ grows as ``h²/b``, a small part of the injected noise.
 so those rows take the smallest batch (down to ``min_batch_size``) whose gradient noise is at
 most half of what the target needs and whose noise estimate moves no sd of the run by more
 than ``tolerance`` (:func:`noise_estimate_error`), and a larger one than the model's when even
-that is too noisy; rows F, B, G mix in ``1/w₁`` epochs whatever ``b`` and keep the model's batch, halved
-while the step bound needs it.
+that is too noisy; rows F, B, G mix in ``1/w₁`` epochs whatever ``b`` and keep the model's
+batch, halved while the step bound needs it.
 
 Cost is counted in gradient evaluations per datum (epochs): ``b`` per iteration, ``2b`` with
 control variates.

@@ -265,8 +265,8 @@ def _scales(prepared, rng_key, model_args, model_kwargs, z0, num_rows=WARM_START
     parameters are. At a start with the groups equal, a group scale's curvature is nearly
     zero, and its ``1/sqrt`` made Adam's steps along ``log τ`` tens of posterior sds long
     (200 groups at ``n = 10⁵``: 280 per datum, against 16 at the posterior; the warm start
-    ended at ``τ ≈ 2000``). Such a scale is capped at the widest of the parameters the data inform:
-    a smaller scale only takes Adam more of its thousands of steps."""
+    ended at ``τ ≈ 2000``). Such a scale is capped at the widest of the parameters the data
+    inform: a smaller scale only takes Adam more of its thousands of steps."""
     spec, layout = prepared.spec, prepared.layout
     arrays, structure = split_args(model_args, model_kwargs)
     rows = sample_rows(Stream.WARM_START_ROWS, rng_key, spec.plates, num_rows).indices
