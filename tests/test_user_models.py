@@ -18,7 +18,9 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
+from numpyro.handlers import reparam
 from numpyro.infer import MCMC, init_to_uniform
+from numpyro.infer.reparam import LocScaleReparam
 from user_models import (
     MODELS,
     hierarchical_logistic,
@@ -45,24 +47,28 @@ from numpyro_sgmc.tuner.check import unconstrained_draws
 from numpyro_sgmc.tuner.laplace import profile_moments
 
 
-def recipe(case, seed=0, **tune):
-    """The plain recipe on ``case``'s data: ``(report, check, achieved sds, reference sds)``."""
-    args, kwargs = case.make(seed)
-    kernel, report = autotune(
-        case.model, jax.random.key(seed), *args, target=case.target, model_kwargs=kwargs, **tune
-    )
+def run_recipe(model, args, kwargs, seed=0, run_seed=None, ess=1000, **tune):
+    """The plain recipe, two chains of ``report.draws_for(ess)`` draws: ``(report, check,
+    achieved unconstrained sds)``; the run's key is ``run_seed`` (default ``seed + 100``)."""
+    kernel, report = autotune(model, jax.random.key(seed), *args, model_kwargs=kwargs, **tune)
     mcmc = MCMC(
         kernel,
         num_warmup=10,
-        num_samples=report.draws_for(1000),
+        num_samples=report.draws_for(ess),
         num_chains=2,
         chain_method="vectorized",
         progress_bar=False,
     )
-    mcmc.run(jax.random.key(seed + 100), *args, **kwargs)
+    mcmc.run(jax.random.key(seed + 100 if run_seed is None else run_seed), *args, **kwargs)
     check = check_run(mcmc, report, print_table=False)
     draws = unconstrained_draws(mcmc.get_samples(group_by_chain=True), report)
-    achieved = draws.reshape(-1, draws.shape[-1]).std(axis=0)
+    return report, check, draws.reshape(-1, draws.shape[-1]).std(axis=0)
+
+
+def recipe(case, seed=0, **tune):
+    """The plain recipe on ``case``'s data: ``(report, check, achieved sds, reference sds)``."""
+    args, kwargs = case.make(seed)
+    report, check, achieved = run_recipe(case.model, args, kwargs, seed, target=case.target, **tune)
     ref = case.reference(args, kwargs)
     reference = np.concatenate([np.ravel(ref[site]) for site, *_ in report.layout.sites])
     return report, check, achieved, reference
@@ -144,31 +150,19 @@ def test_a_hierarchy_of_200_groups_starts_at_its_mode():
     assert 0.55 < float(np.exp(report.mode["tau"])) < 0.85  # the mode is unconstrained
 
 
-def noncentred_logistic(X, group, y=None, num_groups=20):
-    """The hierarchy of :func:`hierarchical_logistic` written non-centred:
-    ``alpha = mu + tau * z``, ``z ~ N(0, 1)``."""
-    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
-    tau = numpyro.sample("tau", dist.HalfNormal(2.0))
-    z = numpyro.sample("z", dist.Normal(0.0, 1.0).expand([num_groups]).to_event(1))
-    beta = numpyro.sample("beta", dist.Normal(0.0, 5.0).expand([X.shape[1]]).to_event(1))
-    with numpyro.plate("data", X.shape[0], subsample_size=100):
-        Xb = numpyro.subsample(X, event_dim=1)
-        gb = numpyro.subsample(group, event_dim=0)
-        yb = None if y is None else numpyro.subsample(y, event_dim=0)
-        numpyro.sample("y", dist.Bernoulli(logits=(mu + tau * z)[gb] + Xb @ beta), obs=yb)
-
-
 @pytest.mark.slow  # about 20 s
 def test_a_non_centred_hierarchy_of_well_observed_groups_is_refused_naming_the_fix():
-    """The same 200 groups non-centred: the posterior is a ridge curving along ``tau`` (each
-    group's ``z`` is pinned to ``alpha_j / tau``), whose joint mode is held far out by the
+    """The same 200 groups non-centred by NumPyro's ``LocScaleReparam(centered=0)``
+    (``alpha = mu + tau * z``): the posterior is a ridge curving along ``tau`` (each group's
+    ``z`` is pinned to ``alpha_j / tau``), whose joint mode is held far out by the
     prior on ``tau``. The polish does not settle, and where it stops ``J`` is not positive
     definite; the error says so and names the centred form (it used to name more rows or a
     ridge, which cannot help)."""
+    noncentred = reparam(hierarchical_logistic, config={"alpha": LocScaleReparam(centered=0)})
     args, kwargs = make_hierarchical(0, n=40_000, num_groups=200)
     with warnings.catch_warnings(), pytest.raises(ValueError) as error:
         warnings.simplefilter("ignore", ConvergenceWarning)
-        autotune(noncentred_logistic, jax.random.key(0), *args, model_kwargs=kwargs)
+        autotune(noncentred, jax.random.key(0), *args, model_kwargs=kwargs)
     message = str(error.value)
     assert "found no mode" in message and "not positive definite" in message
     assert "non-centred hierarchy" in message and "alpha ~ Normal(mu, tau)" in message
@@ -180,13 +174,8 @@ def test_a_hierarchy_of_200_groups_matches_nuts():
     unconstrained sd within 15%, their median within 4%, and ``check_run`` passes (NUTS's
     4000 draws and ours have Monte Carlo errors of about 2% each on an sd)."""
     args, kwargs = make_hierarchical(0, n=100_000, num_groups=200)
-    kernel, report = autotune(hierarchical_logistic, jax.random.key(0), *args, model_kwargs=kwargs)
-    mcmc = MCMC(kernel, num_warmup=10, num_samples=report.draws_for(1000), num_chains=2,
-                chain_method="vectorized", progress_bar=False)  # fmt: skip
-    mcmc.run(jax.random.key(1), *args, **kwargs)
-    assert check_run(mcmc, report, print_table=False).passed
-    draws = unconstrained_draws(mcmc.get_samples(group_by_chain=True), report)
-    achieved = draws.reshape(-1, draws.shape[-1]).std(axis=0)
+    report, check, achieved = run_recipe(hierarchical_logistic, args, kwargs, run_seed=1)
+    assert check.passed
     ref = nuts_reference(hierarchical_logistic, args, kwargs)
     reference = np.concatenate([np.ravel(ref[site]) for site, *_ in report.layout.sites])
     ratio = achieved / reference
@@ -220,13 +209,9 @@ def test_many_groups_get_a_batch_whose_noise_estimate_holds():
     group = rng.integers(0, groups, n)
     rate = np.exp(rng.normal(0.5, 0.5, groups)[group] + X @ np.array([0.3, -0.2]))
     args, kwargs = (X, group, rng.poisson(rate).astype(np.float32)), {"num_groups": groups}
-    kernel, report = autotune(hierarchical_poisson, jax.random.key(0), *args, model_kwargs=kwargs)
-    mcmc = MCMC(kernel, num_warmup=10, num_samples=report.draws_for(1500), num_chains=2,
-                chain_method="vectorized", progress_bar=False)  # fmt: skip
-    mcmc.run(jax.random.key(10), *args, **kwargs)
-    assert check_run(mcmc, report, print_table=False).passed
-    draws = unconstrained_draws(mcmc.get_samples(group_by_chain=True), report)
-    ratio = draws.reshape(-1, draws.shape[-1]).std(axis=0) / report.predicted_sd
+    report, check, achieved = run_recipe(hierarchical_poisson, args, kwargs, run_seed=10, ess=1500)
+    assert check.passed
+    ratio = achieved / report.predicted_sd
     alpha = [k for k, name in enumerate(report.layout.names()) if name.startswith("alpha")]
     # Monte Carlo alone: 1/sqrt(2 ESS) = 1.3% for ESS 3000
     assert ratio[alpha].std() < 0.02 and abs(np.median(ratio[alpha]) - 1) < 0.01, ratio
