@@ -356,6 +356,31 @@ def test_the_linearity_profile_from_a_gradient_beside_the_mode_is_the_one_at_it(
     assert np.abs(rises((beside, gradient(mode))) - at_mode).max() > 0.1  # 0.30 here
 
 
+def test_a_profile_where_the_rows_curve_downwards_is_said_not_printed_as_rises():
+    """Where the rows' potential curves downwards along a probed direction (a Cauchy
+    location 10 scales from its data, which is no mode), the profile has no quadratic to be
+    measured in: the warning says so, the direction's sd ratio is infinite, and no rise of
+    ±1e300 (the old division by a floor of 1e-300) is printed."""
+    from numpyro_sgmc import scales
+    from numpyro_sgmc.data.model import prepare_model
+    from numpyro_sgmc.tuner import laplace
+
+    def cauchy_location(y):
+        theta = numpyro.sample("theta", dist.Normal(0.0, 100.0))
+        with numpyro.plate("data", y.shape[0], subsample_size=100):
+            numpyro.sample("y", dist.Cauchy(theta, 1.0), obs=numpyro.subsample(y, event_dim=0))
+
+    y = (np.random.default_rng(0).standard_cauchy(2000) * 0.1).astype(np.float32)
+    prepared = prepare_model(jax.random.key(0), cauchy_location, (y,))
+    problem = laplace.Problem(prepared, (y,), {}, None, jax.random.key(1))
+    with pytest.warns(LinearizationWarning) as seen:
+        (found,) = laplace.linearity(problem, {"theta": jnp.array(10.0)}, scales.Dense([[1.0]]))
+    message = str(seen[-1].message)
+    assert "curvature of 2000 rows' potential along it is not positive" in message, message
+    assert "does not rise on one side" not in message
+    assert "e+" not in message and found.sd_ratio == np.inf
+
+
 def test_the_run_takes_the_tuners_centre_gradient_on_the_same_data_only(tmp_path):
     """On the data it was tuned on (the same memory-mapped files, the same JAX arrays, or small
     NumPy arrays of the same values), a tuned kernel's control-variate centre is the tuner's

@@ -12,8 +12,6 @@ assertion or, worse, silently broadcast the whole data set against every batch.
 
 from __future__ import annotations
 
-import re
-
 import jax
 import jax.numpy as jnp
 import numpyro
@@ -225,13 +223,21 @@ def first_trace(model, rng_key, model_args, model_kwargs) -> tuple:
     larger than its data, data whose plate dimension has the plate's size); what NumPyro would
     raise as a broadcasting error or a failed assertion is raised with a message that names
     the fix. The subsampled plates are those whose data the model subsamples with
-    ``numpyro.subsample``; the others index the data themselves (``X[idx]``)."""
+    ``numpyro.subsample``; the others index the data themselves (``X[idx]``). The trace's
+    values are abstract (:func:`_structure`): read their shapes, not their values, and keep
+    none of them past the call."""
     positional, keyword = validation.argument_labels(model, model_args, model_kwargs)
-    labels = {id(x): label for x, label in zip(model_args, positional, strict=True)}
-    labels.update({id(v): keyword[k] for k, v in model_kwargs.items()})
-    check = _DataCheck(model, labels, validation.row_counts(model, model_args, model_kwargs))
+
+    def labels(args, kwargs) -> dict:  # id(array) -> "argument 'X' (position 0)"
+        named = {id(x): label for x, label in zip(args, positional, strict=True)}
+        named.update({id(v): keyword[k] for k, v in kwargs.items()})
+        return named
+
+    check = _DataCheck(model, {}, validation.row_counts(model, model_args, model_kwargs))
     try:
-        model_trace = _structure(seed(first_rows(check), rng_key), model_args, model_kwargs)
+        model_trace = _structure(
+            seed(first_rows(check), rng_key), check, labels, model_args, model_kwargs
+        )
     except AssertionError as err:
         if "size of plate should be positive" not in str(err):
             raise
@@ -260,24 +266,46 @@ def first_trace(model, rng_key, model_args, model_kwargs) -> tuple:
     return model_trace, check.subsampled
 
 
-def _structure(model, model_args, model_kwargs):
-    """The trace of ``model`` (seeded) for its sites, plates and supports.
+def _structure(model, check, labels, model_args, model_kwargs):
+    """The trace of ``model`` (seeded) for its sites, plates and supports, traced abstractly.
 
-    Its latent values are prior draws, and on raw covariate scales a draw can overflow a
-    parameter the model computes from it (``exp(X @ beta)`` as a rate: NumPyro's "Gamma
-    distribution got invalid rate parameter"). Such a trace is taken again with NumPyro's
-    argument checks off: only its structure is used, and the starts are searched apart,
-    for a finite potential (``numpyro_sgmc.data.model.prepare_model``)."""
-    try:
-        return trace(model).get_trace(*model_args, **model_kwargs)
-    except ValueError as err:
-        if not _INVALID_PARAMETER.search(str(err)):
-            raise
+    Only its structure is used (names, shapes, supports, plates), so it is traced as the
+    compiled programs trace the model, with the arrays as abstract values
+    (``jax.eval_shape``): no eager operation compiles a program of its own, and a prior draw
+    that overflows a parameter the model computes from it (``exp(X @ beta)`` on raw covariate
+    scales) raises no NumPyro argument check; the starts are searched apart, for a finite
+    potential (``numpyro_sgmc.data.model.prepare_model``). A support that depends on the
+    values (``Uniform(0, y.max())``) needs concrete bounds for its transform: such a model is
+    traced again eagerly, with NumPyro's argument checks off."""
+    from numpyro_sgmc.data.model import split_args  # it builds on this module
+
+    arrays, structure = split_args(model_args, model_kwargs)
+    traced = {}
+
+    def structure_of(arrays):
+        args, kwargs = structure.rebuild(arrays)
+        check.labels = labels(args, kwargs)
+        traced["trace"] = trace(model).get_trace(*args, **kwargs)
+
+    jax.eval_shape(structure_of, arrays)
+    check.labels = labels(model_args, model_kwargs)
+    if not any(_holds_tracer(site["fn"].support) for site in _latent(traced["trace"])):
+        return traced["trace"]
     with numpyro.validation_enabled(False):
         return trace(model).get_trace(*model_args, **model_kwargs)
 
 
-_INVALID_PARAMETER = re.compile(r"distribution got invalid \w+ parameter")
+def _latent(model_trace) -> list:
+    return [s for s in model_trace.values() if s["type"] == "sample" and not s["is_observed"]]
+
+
+def _holds_tracer(obj, depth: int = 4) -> bool:
+    """Whether a constraint (or a constraint it wraps) holds a traced value."""
+    if isinstance(obj, jax.core.Tracer):
+        return True
+    if depth == 0 or not hasattr(obj, "__dict__"):
+        return False
+    return any(_holds_tracer(v, depth - 1) for v in vars(obj).values())
 
 
 def _failing_site(err) -> tuple:

@@ -270,7 +270,7 @@ class SubsampledModel(NamedTuple):
     :param dict transforms: latent site -> transform from unconstrained to constrained values.
     :param frozenset per_datum_sites: deterministic sites inside a subsample plate (values for
         one batch only; left out of the draws).
-    :param prototype_trace: the trace on the first rows of each plate.
+    :param frozenset deterministic_sites: every deterministic site.
     """
 
     spec: ModelSpec
@@ -278,7 +278,7 @@ class SubsampledModel(NamedTuple):
     init_params: dict
     transforms: dict
     per_datum_sites: frozenset
-    prototype_trace: dict
+    deterministic_sites: frozenset
 
     @property
     def plates(self) -> tuple:
@@ -359,12 +359,9 @@ def prepare_model(
         if site["type"] == "sample" and not site["is_observed"]
     ]
     transforms = {name: biject_to(model_trace[name]["fn"].support) for name in latent}
-    per_datum = frozenset(
-        name
-        for name in plate_sites(model_trace, plates)
-        if model_trace[name]["type"] == "deterministic"
-    )
-    return SubsampledModel(spec, Layout.of(one), init_params, transforms, per_datum, model_trace)
+    deterministic = frozenset(n for n, s in model_trace.items() if s["type"] == "deterministic")
+    per_datum = deterministic & set(plate_sites(model_trace, plates))
+    return SubsampledModel(spec, Layout.of(one), init_params, transforms, per_datum, deterministic)
 
 
 def _initialize(rng_key, model, plates, model_args, model_kwargs, init_strategy) -> dict:

@@ -281,11 +281,8 @@ def needs_support_check(prepared) -> bool:
             t = t.base_transform
         return isinstance(t, IdentityTransform)
 
-    deterministic = any(
-        site["type"] == "deterministic" and name not in prepared.per_datum_sites
-        for name, site in prepared.prototype_trace.items()
-    )
-    return deterministic or not all(identity(t) for t in prepared.transforms.values())
+    deterministic = prepared.deterministic_sites - prepared.per_datum_sites
+    return bool(deterministic) or not all(identity(t) for t in prepared.transforms.values())
 
 
 def _check_count(name, value, what="a positive int"):

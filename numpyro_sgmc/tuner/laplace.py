@@ -614,15 +614,23 @@ def linearity(problem, mode, target, num_rows=LINEARITY_ROWS, exact=None) -> lis
         )
     # in units of the rows' own quadratic ½t²σ²vᵀ∇²U_m v (the same rows: heavy-tailed rows
     # change the curvature estimate and the rises alike, and the ratio stays sharp)
-    rises = rises.reshape(k, -1) / np.maximum(np.diag(H0), 1e-300)[:, None]
-    moments = [profile_moments(steps, r) for r in rises]
+    curvature = np.diag(H0)
+    # no rows' quadratic to measure against: the mode is no mode along v (or the target's sd
+    # along it overflows the potential); dividing would print rises of ±1e300
+    unmeasured = ~(np.isfinite(curvature) & (curvature > 0))
+    rises = rises.reshape(k, -1) / np.where(unmeasured, 1.0, curvature)[:, None]
+    unmeasured |= ~np.all(np.isfinite(rises), axis=1)
+    moments = [
+        (0.0, math.inf) if bad else profile_moments(steps, r)
+        for bad, r in zip(unmeasured, rises, strict=True)
+    ]
     conditional = _conditional_variances(H0, H.reshape(k, len(steps), k, k))
     names = layout.names()
     findings = []
     for i, (v, s, r) in enumerate(zip(directions, sd, rises, strict=True)):
         factor = moments[i][1] ** 2
         for j in range(k):
-            if j != i and math.isfinite(factor):
+            if j != i and math.isfinite(factor) and math.isfinite(moments[j][1]):
                 a, b = _quadratic_fit(steps, conditional[i, j])
                 mean, spread = moments[j]
                 factor *= max(1.0 + a * mean + b * (spread**2 + mean**2), 0.0)
@@ -630,16 +638,26 @@ def linearity(problem, mode, target, num_rows=LINEARITY_ROWS, exact=None) -> lis
         findings.append(
             Nonlinearity(v, label, float(s), steps, r, moments[i][1], float(np.sqrt(factor)))
         )
-    worst = max(findings, key=lambda f: abs(math.log(max(f.sd_ratio, 1e-300))))
+    i = max(range(k), key=lambda i: abs(math.log(max(findings[i].sd_ratio, 1e-300))))
+    worst = findings[i]
     if not 0.9 <= worst.sd_ratio <= 1.1:
         profile = ", ".join(f"{r:.3g}" for r in worst.rises)
         unbounded = not math.isfinite(worst.sd_ratio)
+        shape = (
+            f"at -2, -1, +1, +2 sds from the mode it rises by {profile} where a Gaussian "
+            "rises by 2, 0.5, 0.5, 2. "
+            if not unmeasured[i]
+            else f"the curvature of {min(num_rows, n)} rows' potential along it is not "
+            f"positive, or the potential is not finite 1 and 2 target sds ({worst.sd:.3g} in "
+            "unconstrained units) from the mode. "
+        )
         warn(
             f"The log posterior is far from its local quadratic along the target's direction "
-            f"of {worst.label}: at -2, -1, +1, +2 sds from the mode it rises by {profile} "
-            "where a Gaussian rises by 2, 0.5, 0.5, 2. "
+            f"of {worst.label}: "
+            + shape
             + (
-                "It does not rise on one side: the posterior has no finite mode there "
+                ("The" if unmeasured[i] else "It does not rise on one side: the")
+                + " posterior has no finite mode there "
                 "(perfectly separable classes under a flat or heavy-tailed prior, a flat "
                 "likelihood), or the warm start and Newton steps did not reach it; the "
                 "predictions do not hold."
