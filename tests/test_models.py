@@ -98,3 +98,25 @@ def test_two_plates_of_different_sizes_sample_the_exact_posterior():
     s = mcmc.get_samples(group_by_chain=True)
     x = np.stack([np.asarray(s["delta"]), np.asarray(s["mu"])], -1)
     assert_law(x, mean, cov, label="two plates")
+
+
+def test_a_support_bounded_by_the_data_gets_concrete_bounds():
+    """The first trace is abstract, but a support computed from the data
+    (``Uniform(0, y.max())``) needs concrete bounds for its transform: such a model is traced
+    again eagerly, and its transform maps onto the data's own interval."""
+    import pickle
+
+    import jax
+
+    from numpyro_sgmc.data.model import prepare_model
+
+    def bounded(y):
+        upper = numpyro.sample("upper", dist.Uniform(0.0, 2.0 * jnp.max(y)))
+        with numpyro.plate("data", y.shape[0], subsample_size=10):
+            numpyro.sample("y", dist.Uniform(0.0, upper), obs=numpyro.subsample(y, event_dim=0))
+
+    y = np.linspace(0.1, 3.0, 50, dtype=np.float32)
+    prepared = prepare_model(jax.random.key(0), bounded, (y,))
+    edges = prepared.transforms["upper"](jnp.array([-30.0, 30.0]))
+    np.testing.assert_allclose(np.asarray(edges), [0.0, 6.0], atol=1e-5)
+    pickle.dumps(prepared.transforms)  # no leaked tracer

@@ -289,14 +289,11 @@ def _structure(model, check, labels, model_args, model_kwargs):
 
     jax.eval_shape(structure_of, arrays)
     check.labels = labels(model_args, model_kwargs)
-    if not any(_holds_tracer(site["fn"].support) for site in _latent(traced["trace"])):
+    latent = [s for s in traced["trace"].values() if s["type"] == "sample" and not s["is_observed"]]
+    if not any(_holds_tracer(site["fn"].support) for site in latent):
         return traced["trace"]
     with numpyro.validation_enabled(False):
         return trace(model).get_trace(*model_args, **model_kwargs)
-
-
-def _latent(model_trace) -> list:
-    return [s for s in model_trace.values() if s["type"] == "sample" and not s["is_observed"]]
 
 
 def _holds_tracer(obj, depth: int = 4) -> bool:

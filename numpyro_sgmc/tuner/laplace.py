@@ -638,15 +638,15 @@ def linearity(problem, mode, target, num_rows=LINEARITY_ROWS, exact=None) -> lis
         findings.append(
             Nonlinearity(v, label, float(s), steps, r, moments[i][1], float(np.sqrt(factor)))
         )
-    i = max(range(k), key=lambda i: abs(math.log(max(findings[i].sd_ratio, 1e-300))))
-    worst = findings[i]
+    w = max(range(k), key=lambda j: abs(math.log(max(findings[j].sd_ratio, 1e-300))))
+    worst = findings[w]
     if not 0.9 <= worst.sd_ratio <= 1.1:
         profile = ", ".join(f"{r:.3g}" for r in worst.rises)
         unbounded = not math.isfinite(worst.sd_ratio)
         shape = (
             f"at -2, -1, +1, +2 sds from the mode it rises by {profile} where a Gaussian "
             "rises by 2, 0.5, 0.5, 2. "
-            if not unmeasured[i]
+            if not unmeasured[w]
             else f"the curvature of {min(num_rows, n)} rows' potential along it is not "
             f"positive, or the potential is not finite 1 and 2 target sds ({worst.sd:.3g} in "
             "unconstrained units) from the mode. "
@@ -656,7 +656,7 @@ def linearity(problem, mode, target, num_rows=LINEARITY_ROWS, exact=None) -> lis
             f"of {worst.label}: "
             + shape
             + (
-                ("The" if unmeasured[i] else "It does not rise on one side: the")
+                ("The" if unmeasured[w] else "It does not rise on one side: the")
                 + " posterior has no finite mode there "
                 "(perfectly separable classes under a flat or heavy-tailed prior, a flat "
                 "likelihood), or the warm start and Newton steps did not reach it; the "
