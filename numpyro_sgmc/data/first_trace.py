@@ -224,8 +224,8 @@ def first_trace(model, rng_key, model_args, model_kwargs) -> tuple:
     raise as a broadcasting error or a failed assertion is raised with a message that names
     the fix. The subsampled plates are those whose data the model subsamples with
     ``numpyro.subsample``; the others index the data themselves (``X[idx]``). The trace's
-    values are abstract (:func:`_structure`): read their shapes, not their values, and keep
-    none of them past the call."""
+    values are abstract (traced under ``jax.eval_shape``): read their shapes, not their
+    values, and keep none of them past the call."""
     positional, keyword = validation.argument_labels(model, model_args, model_kwargs)
 
     def labels(args, kwargs) -> dict:  # id(array) -> "argument 'X' (position 0)"

@@ -303,6 +303,7 @@ def prepare_model(
     model_kwargs: Optional[dict] = None,
     batch_size=None,
     init_strategy=init_to_uniform,
+    init_params: Optional[dict] = None,
 ) -> SubsampledModel:
     """Trace ``model`` once (in O(b)), find its subsample plates and starting values.
 
@@ -313,6 +314,9 @@ def prepare_model(
         potential, the prior means and then the unconstrained zeros are tried (a random start
         on raw covariate scales overflows ``exp``; the prior mean of a zero-mean coefficient
         does not).
+    :param init_params: unconstrained starting values whose potential is known to be finite
+        (a tuned kernel's mode, with a leading axis per key when ``rng_key`` is a batch):
+        used as they are, instead of the init strategy's search.
 
     The model and its data are checked on this first trace, before anything compiles
     (``docs/bad-input.md``): every plate against the data it subsamples and every site
@@ -343,7 +347,8 @@ def prepare_model(
     check_sites(model_trace, plates)
     validation.check_finite_data(model, model_args, model_kwargs)
     spec = ModelSpec(model, plates)
-    init_params = _initialize(rng_key, model, plates, model_args, model_kwargs, init_strategy)
+    if init_params is None:
+        init_params = _initialize(rng_key, model, plates, model_args, model_kwargs, init_strategy)
     one = host.take(init_params) if batched else init_params
     arrays, structure = split_args(model_args, model_kwargs)
     from numpyro_sgmc.data.streaming import check_file_rows  # it builds on this module

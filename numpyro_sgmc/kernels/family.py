@@ -54,6 +54,7 @@ __all__ = [
     "KernelOptions",
     "Recipe",
     "Tuned",
+    "chain_keys",
     "check_positive",
     "check_step_size",
     "common_config",
@@ -134,7 +135,8 @@ class KernelOptions(NamedTuple):
 
 class Tuned(NamedTuple):
     """What :func:`~numpyro_sgmc.autotune` tuned a kernel for: the data's plates, the mode and
-    the predicted law of the unconstrained parameters (flat ``mean``, a scale ``covariance``).
+    the predicted law of the unconstrained parameters (flat ``mean``, a scale ``covariance``;
+    ``layout`` unravels them).
 
     :param exact: ``(x, ĝ)``: a point within the tuner's tolerance of the mode (0.05 posterior
         sds) and the full-data gradient ``ĝ = -∇U(x)/n`` its last pass computed (flat), or
@@ -145,6 +147,7 @@ class Tuned(NamedTuple):
     """
 
     plates: tuple
+    layout: Any
     mean: Any
     covariance: Any
     exact: Optional[tuple] = None
@@ -162,14 +165,23 @@ class Tuned(NamedTuple):
                 "run autotune on these data."
             )
 
-    def draws(self, rng_key, layout, batched: bool):
-        """Starting positions drawn from the predicted law, one per key (one program, the
-        same draws for a chain run alone, vectorised or in a ``pmap``)."""
+    def start(self, num_chains: Optional[int]) -> dict:
+        """The mode, unconstrained, on the host: a starting point whose potential the tuner
+        found finite (``num_chains``: stacked along a leading chain axis)."""
+        mean = np.asarray(self.mean)
+        if num_chains is not None:
+            mean = np.broadcast_to(mean, (num_chains,) + mean.shape)
+        return self.layout.unravel(mean)
+
+    def draws(self, rng_key, batched: bool):
+        """Starting positions drawn from the predicted law, one per chain key (its second of
+        three, :func:`chain_keys`): one program, the same draws
+        for a chain run alone, vectorised or in a ``pmap``."""
         mean = host.device_array(self.mean)
         root = jax.tree.map(lambda a: host.device_array(a, mean.dtype), self.covariance.sqrt())
-        return _predicted_draws(layout, batched, mean, root, rng_key)
+        return _predicted_draws(self.layout, batched, mean, root, rng_key)
 
-    def centre(self, layout, num_chains: Optional[int], model_args, model_kwargs):
+    def centre(self, num_chains: Optional[int], model_args, model_kwargs):
         """The control-variate centre of every chain: on the data it was tuned on (the same
         :func:`~numpyro_sgmc.data.model.data_version`), the
         :class:`~numpyro_sgmc.data.gradients.Centre` ``(x, ĝ)`` of :attr:`exact`; otherwise
@@ -179,7 +191,7 @@ class Tuned(NamedTuple):
         def each(flat):
             flat = np.asarray(flat, dtype)
             flat = flat if num_chains is None else np.broadcast_to(flat, (num_chains,) + flat.shape)
-            return layout.unravel(flat)
+            return self.layout.unravel(flat)
 
         same = self.data is not None and self.data == data_version(model_args, model_kwargs)
         if self.exact is None or not same:
@@ -187,11 +199,20 @@ class Tuned(NamedTuple):
         return Centre(each(self.exact[0]), each(self.exact[1]))
 
 
+def chain_keys(rng_key) -> tuple:
+    """A chain's key split in three by JAX: the keys of its run, its start and its checks
+    (the same keys whether the chain runs alone, vectorised or in a ``pmap``)."""
+    keys = random.split(rng_key, 3)
+    return keys[0], keys[1], keys[2]
+
+
 @one_shot_jit(("layout", "batched"))
 def _predicted_draws(layout, batched, mean, root, rng_key):
-    """``mean + root ξ``, ``ξ ~ N(0, I)`` from each key, unraveled (:meth:`Tuned.draws`)."""
+    """``mean + root ξ``, ``ξ ~ N(0, I)`` from each chain key's second key, unraveled
+    (:meth:`Tuned.draws`)."""
 
     def one(key):
+        key = chain_keys(key)[1]
         return layout.unravel(mean + root.apply(random.normal(key, mean.shape, mean.dtype)))
 
     return jax.vmap(one)(rng_key) if batched else one(rng_key)

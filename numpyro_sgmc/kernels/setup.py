@@ -10,11 +10,11 @@ control-variate centre (in the state, so that ``chain_method="vectorized" | "seq
 
 from __future__ import annotations
 
+import functools
 from functools import partial
 from typing import Any, NamedTuple, Optional
 
 import jax
-from jax import random
 from numpyro.util import is_prng_key, not_jax_tracer
 
 from numpyro_sgmc import host
@@ -22,7 +22,7 @@ from numpyro_sgmc.compilation import one_shot_jit
 from numpyro_sgmc.data import sharding
 from numpyro_sgmc.data.model import prepare_model, split_args
 from numpyro_sgmc.kernels import auto_step, checks
-from numpyro_sgmc.kernels.family import ChainInit, Recipe
+from numpyro_sgmc.kernels.family import ChainInit, Recipe, chain_keys
 
 __all__ = ["Start", "start"]
 
@@ -45,22 +45,20 @@ class Start(NamedTuple):
     ("build", "config", "structure", "batched"), rows=lambda config, **_: config.spec.num_data
 )
 def _init_chains(build, config, structure, batched, rng_key, z, params, centre, arrays):
+    """Each chain's initial state from its run key (the first of :func:`chain_keys`)."""
     args, kwargs = structure.rebuild(arrays)
     init = build(config).init
-    if batched:
-        return jax.vmap(init, (0, 0, 0, None, None, 0))(rng_key, z, params, args, kwargs, centre)
-    return init(rng_key, z, params, args, kwargs, centre)
+
+    def one(key, z, params, centre):
+        return init(chain_keys(key)[0], z, params, args, kwargs, centre)
+
+    return jax.vmap(one)(rng_key, z, params, centre) if batched else one(rng_key, z, params, centre)
 
 
 @one_shot_jit(("batched",))
 def _split_three(batched, rng_key):
-    """``rng_key`` (each key of a batch) split in three by JAX, in one program: a chain gets
-    the same keys run alone, vectorised or in a ``pmap`` (where its key is traced)."""
-    if batched:
-        keys = jax.vmap(partial(random.split, num=3))(rng_key)
-        return keys[:, 0], keys[:, 1], keys[:, 2]
-    keys = random.split(rng_key, 3)
-    return keys[0], keys[1], keys[2]
+    """:func:`chain_keys` of ``rng_key`` (of each key of a batch), in one program."""
+    return jax.vmap(chain_keys)(rng_key) if batched else chain_keys(rng_key)
 
 
 def start(recipe: Recipe, model, rng_key, num_warmup, init_params, model_args, model_kwargs):
@@ -76,32 +74,45 @@ def start(recipe: Recipe, model, rng_key, num_warmup, init_params, model_args, m
             "SGLDFP, or control_variates=True)."
         )
     batched = not is_prng_key(rng_key)
-    rng_key, key_init, key_check = _split_three(batched, rng_key)
+    num_chains = len(rng_key) if batched else None
+    # the keys of the start and the checks, split only where a search or a check needs them
+    split = functools.cache(partial(_split_three, batched, rng_key))
     sharding.data_layout(model_args, model_kwargs)  # layout errors before the model is traced
-    prepared = prepare_model(
-        key_init, model, model_args, model_kwargs, options.batch_size, options.init_strategy
-    )
-    shards = sharding.data_layout(model_args, model_kwargs, prepared.plates)
-    if tuned is not None:
+    if tuned is None:
+        prepared = prepare_model(
+            split()[1], model, model_args, model_kwargs, options.batch_size,
+            options.init_strategy,
+        )  # fmt: skip
+    else:  # the tuner's mode: no search for a start
+        prepared = prepare_model(
+            rng_key, model, model_args, model_kwargs, options.batch_size,
+            init_params=tuned.start(num_chains),
+        )  # fmt: skip
         tuned.check(prepared.plates, name)
-    z, centre = _starts(recipe, prepared, chain_init, key_init, batched, model_args, model_kwargs)
+    shards = sharding.data_layout(model_args, model_kwargs, prepared.plates)
+    z, centre = _starts(recipe, prepared, chain_init, rng_key, batched, model_args, model_kwargs)
     checks.check_position(z, prepared.init_params, batched)
     first = host.take(z) if batched else z
-    key = host.unstack_keys(key_check)[0] if batched else key_check
     data = (model_args, model_kwargs)
+
+    def check_key():
+        key_check = split()[2]
+        return host.unstack_keys(key_check)[0] if batched else key_check
+
     if shards is not None:
-        sharding.check_shard_evaluation(shards, prepared.spec, first, key, *data)
+        sharding.check_shard_evaluation(shards, prepared.spec, first, check_key(), *data)
     if chain_init.params is not None:
         checks.check_finite_start(prepared.spec, z, *data, batched)
     if options.batch_sampling == "blocks":
-        checks.check_row_order(prepared.spec, first, key, *data, name)
+        checks.check_row_order(prepared.spec, first, check_key(), *data, name)
     if chain_init.centre is not None:
         checks.check_position(centre, prepared.init_params, batched, "ChainInit.centre")
     chosen = None
     if isinstance(dynamics.step_size, auto_step.Auto):  # a fraction of each chain's bound
         chosen = auto_step.choose_step_sizes(
             dynamics.step_size, name, family.stability_bound(dynamics),
-            partial(family.step_scale, dynamics), prepared, z, chain_init, key, *data, batched,
+            partial(family.step_scale, dynamics), prepared, z, chain_init, check_key(), *data,
+            batched,
         )  # fmt: skip
     steps = None if chosen is None else chosen.step_size
     params = _all_chain_params(recipe, prepared, z, chain_init, batched, steps)
@@ -110,7 +121,7 @@ def start(recipe: Recipe, model, rng_key, num_warmup, init_params, model_args, m
     hand_set = tuned is None and shards is None and steps is None
     if hand_set and not_jax_tracer(jax.tree.leaves(first)[0]):
         one = jax.tree.map(lambda v: v[0], params) if batched else params
-        step_check = family.check_step(dynamics, prepared, first, one, key, *data)
+        step_check = family.check_step(dynamics, prepared, first, one, check_key(), *data)
         checks.warn_step_size(step_check, name, inflation=not family.adapts_mass(dynamics))
     arrays, structure = split_args(model_args, model_kwargs)
     state = _init_chains(
@@ -120,23 +131,24 @@ def start(recipe: Recipe, model, rng_key, num_warmup, init_params, model_args, m
         state = sharding.replicate(state, shards)
     if dynamics.control_variates and tuned is None:  # autotune's centre is its mode
         checks.warn_far_centre(
-            prepared.spec, z if centre is None else centre, key, *data, batched, name
+            prepared.spec, z if centre is None else centre, check_key(), *data, batched, name
         )
     return Start(state, prepared, config, batched, chosen, step_check)
 
 
 def _starts(recipe: Recipe, prepared, chain_init: ChainInit, rng_key, batched: bool, *data):
     """Each chain's start and control-variate centre: the given ones; else, for a tuned
-    kernel, draws from the predicted law and its centre (``Tuned.centre``: with its gradient
-    on the data it was tuned on); else the init strategy's."""
+    kernel, draws from the predicted law (by each chain's key) and its centre
+    (``Tuned.centre``: with its gradient on the data it was tuned on); else the init
+    strategy's."""
     z, centre, tuned = chain_init.params, chain_init.centre, recipe.tuned
     if z is None:
         z = prepared.init_params
         if tuned is not None:
-            z = tuned.draws(rng_key, prepared.layout, batched)
+            z = tuned.draws(rng_key, batched)
     if centre is None and recipe.dynamics.control_variates and tuned is not None:
         num_chains = jax.tree.leaves(z)[0].shape[0] if batched else None
-        centre = tuned.centre(prepared.layout, num_chains, *data)
+        centre = tuned.centre(num_chains, *data)
     return z, centre
 
 

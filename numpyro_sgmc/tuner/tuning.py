@@ -434,9 +434,11 @@ def _build(problem, fit, warm, choice, data):
     if num_steps is None:
         num_steps = max(1, int(round(mixing / 4)))
     latent = prepared.latent_sites
-    # JAX arrays: a model may index a latent site with traced data (``alpha[group]``)
-    constrained_mode = jax.tree.map(
-        jnp.asarray, constrained(prepared.spec, fit.mode, args, kwargs, prepared.per_datum_sites)
+    # as a batch of one: the warm start's program for its (default) single restart; device
+    # arrays: a model may index a latent site with traced data (``alpha[group]``)
+    one = jax.tree.map(lambda v: np.asarray(v)[None], fit.mode)
+    constrained_mode = host.take(
+        constrained(prepared.spec, one, args, kwargs, prepared.per_datum_sites, batched=True)
     )
     batch_size = best.batch_size
     common = dict(
@@ -456,7 +458,8 @@ def _build(problem, fit, warm, choice, data):
         )
     kernel = cls(prepared.spec.model, tuning.step_size, **noise, **common)
     mode = prepared.layout.ravel(fit.mode)
-    kernel = kernel.with_tuning(Tuned(prepared.plates, mode, covariance, fit.exact, data))
+    tuned = Tuned(prepared.plates, prepared.layout, mode, covariance, fit.exact, data)
+    kernel = kernel.with_tuning(tuned)
     report = TuningReport(
         **{field: getattr(tuning, field) for field in _REPORTED},
         algorithm=type(kernel).__name__,
