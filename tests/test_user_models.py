@@ -33,6 +33,8 @@ from user_models import (
     nuts_reference,
     poisson_raw,
     sandwich64,
+    softmax_with_reference,
+    thin_class,
 )
 
 from numpyro_sgmc import SGLD, autotune, check_run, theory
@@ -260,26 +262,6 @@ def test_a_profile_with_a_wall_on_one_side_is_measured_not_called_modeless():
     mean, sd = profile_moments(steps, rises)
     assert abs(mean - 0.598) < 0.01 and abs(sd - 0.674) < 0.01, (mean, sd)
     assert profile_moments(steps, steps**2 / 2) == pytest.approx((0.0, 1.0), abs=1e-6)
-
-
-def thin_class(seed=0, n=5000):
-    """Three classes, the third seen on 30 rows and never at night: its night coefficient is
-    held by the N(0, 10²) prior on one side and by the data on the other."""
-    rng = np.random.default_rng(seed)
-    night = (rng.random(n) < 0.3).astype(np.float32)
-    X = np.column_stack([np.ones(n), night]).astype(np.float32)
-    y = rng.choice(2, n, p=[0.6, 0.4])
-    y[rng.choice(np.flatnonzero(night == 0), 30, replace=False)] = 2
-    return X, y.astype(np.int32)
-
-
-def softmax_with_reference(X, y=None):
-    W = numpyro.sample("W", dist.Normal(0.0, 10.0).expand([X.shape[1], 2]).to_event(2))
-    with numpyro.plate("rows", X.shape[0], subsample_size=200):
-        Xb = numpyro.subsample(X, event_dim=1)
-        yb = None if y is None else numpyro.subsample(y, event_dim=0)
-        logits = jnp.concatenate([jnp.zeros((Xb.shape[0], 1)), Xb @ W], axis=1)
-        numpyro.sample("y", dist.Categorical(logits=logits), obs=yb)
 
 
 def test_a_thin_class_held_by_its_prior_gets_an_error_that_covers_it():

@@ -192,6 +192,27 @@ def make_softmax(seed=0, n=2000, d=65, num_classes=10):
 # ---- references ------------------------------------------------------------------------------
 
 
+def thin_class(seed=0, n=5000):
+    """Three classes, the third seen on 30 rows and never at night: its night coefficient is
+    held by the N(0, 10²) prior on one side and by the data on the other."""
+    rng = np.random.default_rng(seed)
+    night = (rng.random(n) < 0.3).astype(np.float32)
+    X = np.column_stack([np.ones(n), night]).astype(np.float32)
+    y = rng.choice(2, n, p=[0.6, 0.4])
+    y[rng.choice(np.flatnonzero(night == 0), 30, replace=False)] = 2
+    return X, y.astype(np.int32)
+
+
+def softmax_with_reference(X, y=None):
+    """A softmax regression with class 0 as the reference (its logits fixed at zero)."""
+    W = numpyro.sample("W", dist.Normal(0.0, 10.0).expand([X.shape[1], 2]).to_event(2))
+    with numpyro.plate("rows", X.shape[0], subsample_size=200):
+        Xb = numpyro.subsample(X, event_dim=1)
+        yb = None if y is None else numpyro.subsample(y, event_dim=0)
+        logits = jnp.concatenate([jnp.zeros((Xb.shape[0], 1)), Xb @ W], axis=1)
+        numpyro.sample("y", dist.Categorical(logits=logits), obs=yb)
+
+
 def _float64(tree):
     return jax.tree.map(
         lambda a: (
