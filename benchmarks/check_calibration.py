@@ -190,7 +190,8 @@ def main():
     options = parser.parse_args()
     if options.load:
         rows = [json.loads(line) for path in options.load for line in open(path)]
-        print(summary(rows))
+        latest = {(r["model"], r["seed"], r["kind"]): r for r in rows}  # a rerun replaces
+        print(summary(list(latest.values())))
         return
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}, {os.cpu_count()} cores")
     rows = []
@@ -200,7 +201,11 @@ def main():
         jobs = []
     if "thin_class" in options.kinds:
         jobs += [("thin_class", seed) for seed in options.seeds]
-    for name, seed in jobs:
+    for k, (name, seed) in enumerate(jobs):
+        if k and name != jobs[k - 1][0]:
+            # each MCMC object compiles its own loop, kept while the process lives: without
+            # this, ~130 runs exhaust the process's memory maps (LLVM: cannot allocate)
+            jax.clear_caches()
         start = time.perf_counter()
         try:
             if name == "thin_class":

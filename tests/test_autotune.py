@@ -9,6 +9,7 @@ factor-2 error would be seen); mixing times must match within 30%.
 """
 
 import warnings
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -379,6 +380,32 @@ def test_a_profile_where_the_rows_curve_downwards_is_said_not_printed_as_rises()
     assert "curvature of 2000 rows' potential along it is not positive" in message, message
     assert "does not rise on one side" not in message
     assert "e+" not in message and found.sd_ratio == np.inf
+
+
+def test_a_mode_not_reached_leaves_the_prediction_without_an_error_bar(monkeypatch):
+    """Newton steps that stop short of the mode (none allowed here, after a warm start of a
+    twentieth of an epoch) linearise the model elsewhere: the prediction's error is infinite,
+    not the rows' ±0.1%, the report says why, and check_run checks the run against its
+    fresh-rows estimate only, saying so."""
+    from numpyro_sgmc.diagnostics import ConvergenceWarning
+    from numpyro_sgmc.tuner import laplace
+
+    X, y = make_logistic(n=4000, d=3, seed=1)
+    monkeypatch.setattr(laplace, "newton_polish", partial(laplace.newton_polish, max_passes=0))
+    with pytest.warns(ConvergenceWarning):
+        kernel, report = autotune(
+            logistic_regression, KEY, X, y, warm_start_epochs=0.05, learning_rate=1e-3
+        )
+    assert report.mode_distance > laplace.UNREACHED_SDS
+    assert np.all(np.isinf(report.prediction_error))
+    assert f"stopped {report.mode_distance:.3g} posterior sds from the mode" in str(report)
+    mcmc = MCMC(kernel, num_warmup=10, num_samples=report.draws_for(300), progress_bar=False)
+    mcmc.run(jax.random.key(1), X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check = check_run(mcmc, report, print_table=False)
+    said = " ".join(check.notes + check.unchecked)
+    assert "Newton steps stopped" in said, said
 
 
 def test_the_run_takes_the_tuners_centre_gradient_on_the_same_data_only(tmp_path):

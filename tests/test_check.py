@@ -7,6 +7,8 @@ false), never as passed. The same model with a well-measured prediction passes.
 
 import jax
 import numpy as np
+import numpyro
+import numpyro.distributions as dist
 import pytest
 from numpyro.infer import MCMC
 
@@ -66,3 +68,35 @@ def test_fresh_rows_are_not_independent_when_the_tuner_used_every_row(thin_categ
     check = check_run(mcmc, report, print_table=False)
     assert any("not independent in its rows: the tuner used all 2000 rows" in note
                for note in check.notes), check.notes  # fmt: skip
+
+
+def normal_mean(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    with numpyro.plate("data", y.shape[0], subsample_size=100):
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=numpyro.subsample(y, event_dim=0))
+
+
+def test_draws_that_alternate_about_their_mean_fail_however_wide():
+    """A normal mean's tuned kernel with its step multiplied by 4 after tuning, a draw per
+    iteration: ``h·λmax(ΓJ) = 4``, where the linearised chain flips sign every step and its
+    spread grows. NumPyro's effective sample size is then negative; its Monte Carlo error
+    was NaN and every comparison with it silently false, so such a run (a 650-parameter
+    softmax, its sds 23-145 times the posterior's) passed. It fails, and the finding names the
+    step."""
+    from numpyro_sgmc import SGLDFP
+
+    y = np.random.default_rng(0).normal(0.3, 1.0, 4000).astype(np.float32)
+    kernel, report = autotune(normal_mean, jax.random.key(0), y)
+    assert report.algorithm == "SGLDFP"
+    fast = SGLDFP(
+        normal_mean, 4 * report.step_size, inverse_temperature=report.inverse_temperature,
+        preconditioner=report.preconditioner, noise_preconditioner=report.noise_preconditioner,
+        batch_size=report.batch_size["data"], num_steps=1,
+    ).with_tuning(kernel.tuned)  # fmt: skip
+    mcmc = MCMC(fast, num_warmup=20, num_samples=2000, num_chains=2,
+                chain_method="vectorized", progress_bar=False)  # fmt: skip
+    mcmc.run(jax.random.key(1), y)
+    with pytest.warns(RunCheckWarning, match="effective sample size of mu is -"):
+        check = check_run(mcmc, report, print_table=False)
+    assert check.status == "FAILED"
+    assert any("linear stability bound" in f for f in check.findings), check.findings

@@ -175,7 +175,7 @@ class Tuned(NamedTuple):
 
     def draws(self, rng_key, batched: bool):
         """Starting positions drawn from the predicted law, one per chain key (its second of
-        three, :func:`chain_keys`): one program, the same draws
+        three, ``chain_keys``): one program, the same draws
         for a chain run alone, vectorised or in a ``pmap``."""
         mean = host.device_array(self.mean)
         root = jax.tree.map(lambda a: host.device_array(a, mean.dtype), self.covariance.sqrt())

@@ -40,6 +40,7 @@ from numpyro_sgmc.scales import is_dense
 from numpyro_sgmc.theory import target_covariance
 from numpyro_sgmc.tuner.fisher import information_of
 from numpyro_sgmc.tuner.laplace import (
+    UNREACHED_SDS,
     Problem,
     correlations,
     linearity_error,
@@ -323,7 +324,13 @@ def _unchecked(names, report, pred_error, indep_error) -> list:
         return []
     j = int(np.argmax(np.where(loose, best, -np.inf)))
     nonlinear = linearity_error(report.nonlinearity, report.target_covariance)
-    if nonlinear[j] >= 0.5 * pred_error[j]:
+    if report.mode_distance > UNREACHED_SDS:
+        cause = (
+            f"the mode not reached: the tuner's Newton steps stopped {report.mode_distance:.3g} "
+            "posterior sds from it (the ConvergenceWarning); run the warm start longer "
+            "(warm_start_epochs), or with more information rows (num_rows)"
+        )
+    elif nonlinear[j] >= 0.5 * pred_error[j]:
         cause = (
             "the posterior is not Gaussian along the directions the tuner probed, so no "
             "Laplace picture predicts these sds to 20%; compare the run with NUTS on a "
@@ -375,7 +382,9 @@ def _statistics(draws, report) -> _RunStatistics:
         predicted = np.asarray(report.covariance.diagonal(), np.float64)
     run_sd = np.sqrt(_diagonal(covariance))
     ess = np.asarray(effective_sample_size(draws), np.float64)
-    tau = total / ess
+    # an ESS that is not positive (draws that alternate about their mean, or do not move)
+    # has no Monte Carlo error: its sds are compared with nothing (_chain_findings says why)
+    tau = np.where(np.isfinite(ess) & (ess > 0), total / np.where(ess > 0, ess, 1.0), np.inf)
     mean = flat.mean(axis=0)
     return _RunStatistics(
         covariance=covariance,
@@ -438,6 +447,16 @@ def _chain_findings(names, run, critical, total, num_diverging) -> list:
     """The run's own evidence: its mean against the tuning's mode, split R-hat across
     chains, rejected steps."""
     findings = []
+    unmixed = ~(np.isfinite(run.ess) & (run.ess > 0))
+    if unmixed.any():
+        j, count = int(np.flatnonzero(unmixed)[0]), int(unmixed.sum())
+        findings.append(
+            f"The effective sample size of {names[j]} is {run.ess[j]:.3g} (not positive or "
+            f"not finite for {count} of {len(names)} parameters): successive draws alternate "
+            "about their mean, as a chain does whose step is at or past the linear stability bound "
+            "(h·λmax(ΓJ) ≥ 2 oscillates, 4 diverges), or they do not move. Such draws are not "
+            "from the target: use the tuned step, or a smaller one."
+        )
     far = np.abs(run.offset) - critical * np.sqrt(run.tau / total) > _MEAN_OFFSET
     if far.any():
         j = int(np.argmax(np.abs(run.offset)))
@@ -490,7 +509,7 @@ def _disagreement(names, ratio, error_a, error_b, critical, a, b, cause) -> list
 def _limits(notes, report, names, run_error, pred_error, ess, unchecked):
     """What keeps the check from being sharper, and the fix (a prediction error that leaves
     sds unchecked is said there, not here)."""
-    if np.max(run_error) > 0.05:
+    if np.max(run_error) > 0.05 and np.all(np.isfinite(run_error)):
         notes.append(
             f"the run's Monte Carlo error (up to ±{100 * np.max(run_error):.2g}% on an sd, min "
             f"ESS {np.min(ess):.0f}) is the larger one: the check cannot see errors below "
@@ -499,7 +518,15 @@ def _limits(notes, report, names, run_error, pred_error, ess, unchecked):
     if np.max(pred_error) > 0.05 and not unchecked:
         nonlinear = linearity_error(report.nonlinearity, report.target_covariance)
         j = int(np.argmax(pred_error))
-        if nonlinear[j] >= 0.5 * pred_error[j]:
+        if report.mode_distance > UNREACHED_SDS:
+            notes.append(
+                "the prediction has no error bar: the tuner's Newton steps stopped "
+                f"{report.mode_distance:.3g} posterior sds from the mode (the "
+                "ConvergenceWarning), so the run was checked against the fresh-rows estimate at "
+                "its own mean only; re-tune with a longer warm start (warm_start_epochs) or "
+                "more information rows (num_rows) for a prediction to check it against."
+            )
+        elif nonlinear[j] >= 0.5 * pred_error[j]:
             notes.append(
                 f"the prediction's own error is large (up to ±{100 * pred_error[j]:.2g}%, "
                 f"{names[j]}) because the posterior is not Gaussian there: the prediction is a "

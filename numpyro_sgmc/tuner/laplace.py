@@ -61,6 +61,7 @@ from numpyro_sgmc.tuner.rows import (
 
 __all__ = [
     "DENSE_MAX_DIM",
+    "UNREACHED_SDS",
     "Correlations",
     "Fit",
     "Nonlinearity",
@@ -78,6 +79,10 @@ __all__ = [
 # chunk of rows, O(d³) Lyapunov solves
 DENSE_MAX_DIM = 1000
 """Above this many parameters ``J``, ``I`` and ``Γ`` are diagonal (``dense=None``)."""
+
+UNREACHED_SDS = 1.0
+"""Posterior sds from the mode beyond which an unsettled polish leaves the predictions
+without an error bar: ``check_run``'s own bound on a run's mean from the tuning's mode."""
 
 
 class Problem(NamedTuple):
@@ -120,6 +125,9 @@ class Fit(NamedTuple):
         full-data gradient ``ĝ = -∇U(x)/n`` a pass computed there (flat, float64).
     :param dict cv_noise_error: plate -> ``(d,)``, the relative standard error of
         ``cv_noise``'s diagonal (its probes').
+    :param float unreached: where the polish did not settle, the length of its last step in
+        posterior sds (0 where it did); above :data:`UNREACHED_SDS` the prediction error is
+        infinite: nothing bounds a picture linearised that far from the mode.
     """
 
     mode: dict
@@ -133,6 +141,7 @@ class Fit(NamedTuple):
     correlations: Optional[Correlations] = None
     exact: Optional[tuple] = None
     cv_noise_error: Optional[dict] = None
+    unreached: float = 0.0
 
 
 def fit(problem: Problem, warm, weights) -> Fit:
@@ -158,9 +167,10 @@ def fit(problem: Problem, warm, weights) -> Fit:
     u = None if warm.potential is None else float(warm.potential[warm.best])
     # a sample's mode lies about sqrt(d (n/m - 1)) posterior sds from the data's
     apart = 0.0 if warm.sample_size is None else math.sqrt(d * (n / warm.sample_size - 1.0))
-    mode, distance, passes, info, exact, settled = newton_polish(
+    mode, distance, passes, info, exact, settled, remaining = newton_polish(
         problem, warm.member(warm.best), gradient, info_at, potential=u, distance=apart
     )
+    unreached = 0.0 if settled else remaining
     if info is None or info.regularization > 0 or options.regularize is not None:
         try:
             info = info_at(mode)  # the curvature at the mode, with the user's regularisation
@@ -196,6 +206,8 @@ def fit(problem: Problem, warm, weights) -> Fit:
     visited += cv_rows
     findings = linearity(problem, mode, target, exact=exact)
     error = np.sqrt(error**2 + linearity_error(findings, target) ** 2)
+    if unreached > UNREACHED_SDS:  # a picture linearised away from the mode: no error bar
+        error = np.full(d, np.inf)
     linked = None
     if kind == "diagonal":
         linked = correlations(problem, mode, info)
@@ -203,7 +215,7 @@ def fit(problem: Problem, warm, weights) -> Fit:
         error = with_correlations(error, linked, weights)
     return Fit(
         mode, info, distance, passes, error, cv_noise, findings, visited, linked, exact,
-        cv_noise_error,
+        cv_noise_error, unreached,
     )  # fmt: skip
 
 
@@ -377,7 +389,8 @@ def newton_polish(
         information at the mode (``None`` when the mode moved more than ``tol`` sds since it
         was estimated), ``(x, ĝ)``, the last point whose full-data gradient ``ĝ`` a pass
         computed (within ``tol`` sds of the mode; the mode itself if the polish stopped
-        short), and whether it settled within ``tol``.
+        short), whether it settled within ``tol``, and the last step's length in posterior
+        sds (how far from the mode it stopped).
     """
     prepared = problem.prepared
     layout, n = prepared.layout, prepared.num_data
@@ -445,7 +458,7 @@ def newton_polish(
     # the last step, from a J estimated where it started, is within tol of exact; it needs no
     # pass of its own: ∇U there follows from ∇U at x (linearity's anchor)
     mode = _point(layout, x + step if settled else x, dtype)
-    return mode, first, passes, (info if settled and fresh else None), (x, g), settled
+    return mode, first, passes, (info if settled and fresh else None), (x, g), settled, distance
 
 
 def _newton_direction(problem, x, g, J, num_rows, fallback, dtype, iterations=100):
@@ -627,16 +640,21 @@ def linearity(problem, mode, target, num_rows=LINEARITY_ROWS, exact=None) -> lis
     conditional = _conditional_variances(H0, H.reshape(k, len(steps), k, k))
     names = layout.names()
     findings = []
+    labels = [names[int(np.argmax(np.abs(v)))] for v in directions]
+    across = []  # per direction: the other direction whose move changes its variance most
     for i, (v, s, r) in enumerate(zip(directions, sd, rises, strict=True)):
         factor = moments[i][1] ** 2
+        changes = {}
         for j in range(k):
             if j != i and math.isfinite(factor) and math.isfinite(moments[j][1]):
                 a, b = _quadratic_fit(steps, conditional[i, j])
                 mean, spread = moments[j]
-                factor *= max(1.0 + a * mean + b * (spread**2 + mean**2), 0.0)
-        label = names[int(np.argmax(np.abs(v)))]
+                changes[j] = max(1.0 + a * mean + b * (spread**2 + mean**2), 0.0)
+                factor *= changes[j]
+        moved = {j: abs(math.log(max(c, 1e-300))) for j, c in changes.items()}
+        across.append(max(moved, key=moved.get, default=None))
         findings.append(
-            Nonlinearity(v, label, float(s), steps, r, moments[i][1], float(np.sqrt(factor)))
+            Nonlinearity(v, labels[i], float(s), steps, r, moments[i][1], float(np.sqrt(factor)))
         )
     w = max(range(k), key=lambda j: abs(math.log(max(findings[j].sd_ratio, 1e-300))))
     worst = findings[w]
@@ -651,6 +669,14 @@ def linearity(problem, mode, target, num_rows=LINEARITY_ROWS, exact=None) -> lis
             f"positive, or the potential is not finite 1 and 2 target sds ({worst.sd:.3g} in "
             "unconstrained units) from the mode. "
         )
+        if not unbounded and 0.9 <= worst.profile_ratio <= 1.1 and across[w] is not None:
+            # a Gaussian profile: the ratio is the curvature changing across it (a funnel)
+            shape += (
+                "That profile is nearly a Gaussian's (its sd "
+                f"{worst.profile_ratio:.2f}x the quadratic's), but the curvature along it "
+                "changes as the posterior moves along the target's direction of "
+                f"{labels[across[w]]} (a hierarchical mean's with its group scale). "
+            )
         warn(
             f"The log posterior is far from its local quadratic along the target's direction "
             f"of {worst.label}: "

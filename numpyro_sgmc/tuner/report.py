@@ -16,6 +16,7 @@ import numpy as np
 
 from numpyro_sgmc import scales
 from numpyro_sgmc.theory import autocorrelation_times
+from numpyro_sgmc.tuner.laplace import UNREACHED_SDS
 
 __all__ = ["TuningReport", "describe"]
 
@@ -41,7 +42,9 @@ class TuningReport(NamedTuple):
     :param float setup_epochs: passes over the data before sampling (warm start, information
         rows, Newton passes, the control-variate centre).
     :param float newton_step: the first Newton step's length from the warm start's mode, in
-        posterior sds.
+        posterior sds; ``mode_distance``: how far from the mode the Newton steps stopped, in
+        posterior sds, where they did not settle (0 where they did;
+        ``Fit.unreached`` of :mod:`~numpyro_sgmc.tuner.laplace`).
     :param dict mode: unconstrained mode (``init_params`` for ``MCMC.run``); ``constrained_mode``
         the same in constrained space.
     :param information: the :class:`~numpyro_sgmc.tuner.fisher.Information` at the mode;
@@ -92,6 +95,7 @@ class TuningReport(NamedTuple):
     prediction_error: Optional[np.ndarray] = None
     nonlinearity: list = []
     correlations: Optional[object] = None
+    mode_distance: float = 0.0
 
     @property
     def drift(self):
@@ -163,7 +167,12 @@ def describe(report: TuningReport) -> str:
         f"cond(I) = {info.condition_numbers['I']:.3g}; warm-start mode moved "
         f"{report.newton_step:.2g} posterior sd by a Newton step",
     ]
-    if report.prediction_error is not None:
+    if report.mode_distance > UNREACHED_SDS:
+        lines.append(
+            f"  prediction error: unknown: the Newton steps stopped {report.mode_distance:.3g} "
+            "posterior sds from the mode, and a picture linearised there bounds nothing"
+        )
+    elif report.prediction_error is not None:
         lines.append(
             f"  prediction error: predicted sds within "
             f"±{100 * np.max(report.prediction_error):.2g}% (one standard error: the "

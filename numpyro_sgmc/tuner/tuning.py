@@ -488,6 +488,7 @@ def _build(problem, fit, warm, choice, data):
         transforms=prepared.transforms,
         alternatives=choice.alternatives,
         correlations=linked,
+        mode_distance=fit.unreached,
     )
     return kernel, report
 
