@@ -174,9 +174,9 @@ class Tuned(NamedTuple):
         return self.layout.unravel(mean)
 
     def draws(self, rng_key, batched: bool):
-        """Starting positions drawn from the predicted law, one per chain key (its second of
-        three, ``chain_keys``): one program, the same draws
-        for a chain run alone, vectorised or in a ``pmap``."""
+        """Starting positions drawn from the predicted law, one per chain key (the second of
+        its ``chain_keys``): one program, the same draws for a chain run alone, vectorised or
+        in a ``pmap``."""
         mean = host.device_array(self.mean)
         root = jax.tree.map(lambda a: host.device_array(a, mean.dtype), self.covariance.sqrt())
         return _predicted_draws(self.layout, batched, mean, root, rng_key)

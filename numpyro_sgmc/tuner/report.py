@@ -189,10 +189,16 @@ def describe(report: TuningReport) -> str:
             "is the conditional posterior's, docs/theory.md §4)"
         )
     for f in report.nonlinearity:
-        if not 0.95 <= f.sd_ratio <= 1.05:
+        if not math.isfinite(f.sd_ratio):
             lines.append(
-                f"  far from Gaussian along {f.label}: the log posterior's profile is "
-                f"{f.sd_ratio:.3g}x as wide as the quadratic's (counted in the error)"
+                f"  no mode along {f.label}: the log posterior does not rise on one side of the "
+                "point the tuner linearised at, or was not measured there (the "
+                "LinearizationWarning); the predictions do not hold along it"
+            )
+        elif not 0.95 <= f.sd_ratio <= 1.05:
+            lines.append(
+                f"  far from Gaussian along {f.label}: the posterior's sd along it is about "
+                f"{f.sd_ratio:.3g}x the quadratic's (counted in the error)"
             )
     others = [(r, why) for r, why in report.alternatives if r != report.row]
     for r, why in others:
