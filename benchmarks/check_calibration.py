@@ -105,7 +105,9 @@ def cold_start(report):
 
 
 def runs_of(name, seed, kinds):
-    """``(kind, status, extra)`` for each kind on model ``name`` at ``seed``."""
+    """``(kind, status, covered)`` for each kind on model ``name`` at ``seed``; every run gets
+    its own copy of the tuned kernel (``with_step``), not yet run. ``covered``: for
+    ``few_rows``, whether its stated error covers its miss (else ``None``)."""
     case = MODELS[name]
     args, kwargs = case.make(seed)
     key = jax.random.key(seed + 100)
@@ -147,6 +149,7 @@ def thin_class_run(seed):
 
 
 def rate(k: int, n: int) -> str:
+    """``k/n`` as a percentage with its binomial standard error (at least ``1/n``'s)."""
     if n == 0:
         return "-"
     p = k / n

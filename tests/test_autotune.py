@@ -382,6 +382,7 @@ def test_a_profile_where_the_rows_curve_downwards_is_said_not_printed_as_rises()
     assert "e+" not in message and found.sd_ratio == np.inf
 
 
+@pytest.mark.slow  # 8 s
 def test_a_mode_not_reached_leaves_the_prediction_without_an_error_bar(monkeypatch):
     """Newton steps that stop short of the mode (none allowed here, after a warm start of a
     twentieth of an epoch) linearise the model elsewhere: the prediction's error is infinite,

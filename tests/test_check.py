@@ -76,6 +76,7 @@ def normal_mean(y):
         numpyro.sample("y", dist.Normal(mu, 1.0), obs=numpyro.subsample(y, event_dim=0))
 
 
+@pytest.mark.slow  # 8 s
 def test_draws_that_alternate_about_their_mean_fail_however_wide():
     """A normal mean's tuned kernel with its step multiplied by 4 after tuning, a draw per
     iteration: ``h·λmax(ΓJ) = 4``, where the linearised chain flips sign every step and its
