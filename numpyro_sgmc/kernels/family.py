@@ -168,10 +168,15 @@ class Tuned(NamedTuple):
     def start(self, num_chains: Optional[int]) -> dict:
         """The mode, unconstrained, on the host: a starting point whose potential the tuner
         found finite (``num_chains``: stacked along a leading chain axis)."""
-        mean = np.asarray(self.mean)
+        return self._per_chain(self.mean, num_chains)
+
+    def _per_chain(self, flat, num_chains: Optional[int]) -> dict:
+        """A flat vector in the mean's dtype, unraveled, broadcast along a leading chain axis
+        of ``num_chains`` (none when ``None``)."""
+        flat = np.asarray(flat, np.asarray(self.mean).dtype)
         if num_chains is not None:
-            mean = np.broadcast_to(mean, (num_chains,) + mean.shape)
-        return self.layout.unravel(mean)
+            flat = np.broadcast_to(flat, (num_chains,) + flat.shape)
+        return self.layout.unravel(flat)
 
     def draws(self, rng_key, batched: bool):
         """Starting positions drawn from the predicted law, one per chain key (the second of
@@ -186,17 +191,11 @@ class Tuned(NamedTuple):
         :func:`~numpyro_sgmc.data.model.data_version`), the
         :class:`~numpyro_sgmc.data.gradients.Centre` ``(x, ĝ)`` of :attr:`exact`; otherwise
         the mode, whose gradient the kernel's ``init`` computes."""
-        dtype = np.asarray(self.mean).dtype
-
-        def each(flat):
-            flat = np.asarray(flat, dtype)
-            flat = flat if num_chains is None else np.broadcast_to(flat, (num_chains,) + flat.shape)
-            return self.layout.unravel(flat)
-
         same = self.data is not None and self.data == data_version(model_args, model_kwargs)
         if self.exact is None or not same:
-            return each(self.mean)
-        return Centre(each(self.exact[0]), each(self.exact[1]))
+            return self.start(num_chains)
+        x, gradient = self.exact
+        return Centre(self._per_chain(x, num_chains), self._per_chain(gradient, num_chains))
 
 
 def chain_keys(rng_key) -> tuple:

@@ -447,7 +447,7 @@ def _chain_findings(names, run, critical, total, num_diverging) -> list:
     """The run's own evidence: its mean against the tuning's mode, split R-hat across
     chains, rejected steps."""
     findings = []
-    unmixed = ~(np.isfinite(run.ess) & (run.ess > 0))
+    unmixed = np.isinf(run.tau)  # an ESS not positive or not finite (_statistics)
     if unmixed.any():
         j, count = int(np.flatnonzero(unmixed)[0]), int(unmixed.sum())
         findings.append(
