@@ -332,8 +332,8 @@ def test_the_linearity_profile_from_a_gradient_beside_the_mode_is_the_one_at_it(
     difference between the two. From a point 0.05 sds away the rises (0.5 and 2 nats) are
     within 0.03 nats of those from the exact gradient at the mode; pairing that point with
     the mode's gradient is not."""
-    from numpyro_sgmc.data.gradients import exact_gradient
     from numpyro_sgmc.data.model import prepare_model
+    from numpyro_sgmc.data.passes import exact_gradient
     from numpyro_sgmc.tuner import laplace
 
     args = make_logistic(n=5000, d=3, seed=4)[:2]
@@ -416,8 +416,8 @@ def test_the_run_takes_the_tuners_centre_gradient_on_the_same_data_only(tmp_path
     the same shapes the kernel computes the gradient at the mode on those. Either way the
     centre's gradient is exact."""
     from numpyro_sgmc.data import streaming
-    from numpyro_sgmc.data.gradients import exact_gradient
     from numpyro_sgmc.data.model import prepare_model
+    from numpyro_sgmc.data.passes import exact_gradient
 
     X, y = (np.asarray(a) for a in make_logistic(n=4000, d=3, seed=5)[:2])
     other = make_logistic(n=4000, d=3, seed=6)[:2]

@@ -9,7 +9,7 @@ import pytest
 from numpyro.infer import MCMC
 
 from numpyro_sgmc import SGHMC, SGLD, SGLDFP, autotune, check_run, load_run, run_kernel
-from numpyro_sgmc.data import streaming
+from numpyro_sgmc.data import files, streaming
 from numpyro_sgmc.data.subsample import SubsamplePlate
 from problems import linear_regression, make_linear_regression, make_two_groups, two_groups
 
@@ -130,7 +130,7 @@ def test_resume_and_checkpoints_on_file_backed_data(tmp_path, problem, reads):
 def test_a_full_batch_on_a_file_is_read_in_place(tmp_path, problem, reads, monkeypatch):
     """A draw whose rows exceed MAX_DRAW_BYTES (here: any) runs on the file in place: the
     same draws, no feed."""
-    monkeypatch.setattr(streaming, "MAX_DRAW_BYTES", 1)
+    monkeypatch.setattr(files, "MAX_DRAW_BYTES", 1)
     X, y = _on_disk(tmp_path, X=problem.X, y=problem.y)
     kernel = SGLD(linear_regression, 1e-3, num_steps=3)
     a = run_kernel(kernel, jax.random.key(2), X, y, num_samples=30)
@@ -142,7 +142,7 @@ def test_a_full_batch_on_a_file_is_read_in_place(tmp_path, problem, reads, monke
 def test_mcmc_refuses_file_backed_data_and_names_run_kernel(tmp_path, problem):
     X, y = _on_disk(tmp_path, X=problem.X, y=problem.y)
     mcmc = MCMC(SGLD(linear_regression, 1e-3), num_warmup=5, num_samples=5, progress_bar=False)
-    shapes = r"memory-mapped file \(shape \(1000, 3\), \(1000,\)\)"
+    shapes = r"file-backed, a memory map or a zarr array \(shape \(1000, 3\), \(1000,\)\)"
     with pytest.raises(ValueError, match=shapes) as e:
         mcmc.run(jax.random.key(0), X, y)
     assert "numpyro_sgmc.run_kernel(kernel, key, *data" in str(e.value)
@@ -202,26 +202,26 @@ def test_rows_in_memory_reads_each_distinct_row_once(tmp_path, problem):
     (X, y), n = _on_disk(tmp_path, X=problem.X, y=problem.y), len(problem.y)
     plates = (SubsamplePlate("data", n, 100),)
     idx = np.array([[7, 3, 7, 999, 3], [0, 0, 512, 7, 1]])
-    (Xg, yg), rows = streaming.rows_in_memory((X, y), plates, {"data": idx})
-    assert not streaming.file_backed(Xg) and Xg.shape == (idx.size, X.shape[1])
+    (Xg, yg), rows = files.rows_in_memory((X, y), plates, {"data": idx})
+    assert not files.file_backed(Xg) and Xg.shape == (idx.size, X.shape[1])
     np.testing.assert_array_equal(Xg[rows["data"]], X[idx])
     np.testing.assert_array_equal(yg[rows["data"]], y[idx])
     # in file order, padded with the last row to one row per index
     np.testing.assert_array_equal(yg, y[np.r_[np.unique(idx), [999] * 4]])
     memory = (np.asarray(problem.X), np.asarray(problem.y))
-    assert streaming.rows_in_memory(memory, plates, {"data": idx}) == (memory, {"data": idx})
+    assert files.rows_in_memory(memory, plates, {"data": idx}) == (memory, {"data": idx})
 
 
 def test_random_access_sees_the_same_bytes_through_any_view(tmp_path, problem, monkeypatch):
     (X,) = _on_disk(tmp_path, X=problem.X)
-    assert streaming.random_access(X, 1) is X  # 12 kB: dense rows, the kernel's read-ahead
-    monkeypatch.setattr(streaming, "SPARSE_GAP", 1)
+    assert files.random_access(X, 1) is X  # 12 kB: dense rows, the kernel's read-ahead
+    monkeypatch.setattr(files, "SPARSE_GAP", 1)
     for view in (X, X[100:], X[:, 1:], X[::3], X[5:, 2][10:]):
-        seen = streaming.random_access(view, 1)
+        seen = files.random_access(view, 1)
         assert not np.shares_memory(seen, view)
         np.testing.assert_array_equal(seen, view)
     in_memory = np.asarray(problem.X)
-    assert streaming.random_access(in_memory, 1) is in_memory
+    assert files.random_access(in_memory, 1) is in_memory
 
 
 @pytest.mark.filterwarnings("ignore::numpyro_sgmc.diagnostics.LinearizationWarning")
@@ -232,24 +232,24 @@ def test_the_tuner_on_files_is_the_tuner_in_memory(tmp_path, monkeypatch):
     import numpyro_sgmc.tuner.tuning as tuning
 
     monkeypatch.setattr(tuning, "WARM_START_SAMPLE_ROWS", 600)
-    monkeypatch.setattr(streaming, "SPARSE_GAP", 1)
+    monkeypatch.setattr(files, "SPARSE_GAP", 1)
     mapped = []
-    random_access = streaming.random_access
+    random_access = files.random_access
     monkeypatch.setattr(
-        streaming, "random_access", lambda x, k: mapped.append(k) or random_access(x, k)
+        files, "random_access", lambda x, k: mapped.append(k) or random_access(x, k)
     )
     data = make_linear_regression(n=4000, seed=3)
     X, y = np.asarray(data.X), np.asarray(data.y)
     memory = autotune(linear_regression, jax.random.key(0), X, y)[1]
     assert not mapped
-    files = autotune(linear_regression, jax.random.key(0), *_on_disk(tmp_path, X=X, y=y))[1]
+    on_files = autotune(linear_regression, jax.random.key(0), *_on_disk(tmp_path, X=X, y=y))[1]
     assert 600 in mapped and len(mapped) >= 8
-    assert files.row == memory.row and files.batch_size == memory.batch_size
-    assert files.step_size == pytest.approx(memory.step_size, rel=1e-4)
+    assert on_files.row == memory.row and on_files.batch_size == memory.batch_size
+    assert on_files.step_size == pytest.approx(memory.step_size, rel=1e-4)
     for site, value in memory.mode.items():
-        np.testing.assert_allclose(files.mode[site], value, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(on_files.mode[site], value, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(
-        files.covariance.as_matrix(3), memory.covariance.as_matrix(3), rtol=1e-3
+        on_files.covariance.as_matrix(3), memory.covariance.as_matrix(3), rtol=1e-3
     )
 
 
@@ -285,3 +285,172 @@ def test_the_row_order_check_reads_its_batches_from_the_file(tmp_path, problem):
             run_kernel(kernel, jax.random.key(3), *data, num_samples=2)
         messages.append(str(found[0].message))
     assert messages[0] == messages[1]
+
+
+def test_a_pass_over_files_is_the_pass_in_memory(tmp_path, monkeypatch):
+    """The exact potential and gradient over two plates of files, read in host chunks of
+    uneven lengths (2000 and 500 rows in 8 chunks: the last ones padded), at one point and at
+    three at once, against the compiled pass over the same rows in memory."""
+    from numpyro_sgmc.data import passes
+    from numpyro_sgmc.data.model import prepare_model
+
+    monkeypatch.setattr(passes, "CHUNK_BYTES", 1000)
+    y1, y2 = (np.asarray(a, np.float32) for a in make_two_groups()[:2])
+    on_files = tuple(_on_disk(tmp_path, y1=y1, y2=y2))
+    spec = prepare_model(jax.random.key(0), two_groups, (y1, y2), {}).spec
+    points = {"delta": np.array([0.3, -1.0, 2.0], np.float32), "mu": np.float32([0.5, 0, 1])}
+    chunks = passes._partition(spec, on_files, files.fed_rows(on_files, spec.plates), 65536)
+    assert chunks.count == 8 and chunks.lengths == {"a": 250, "b": 63}
+    for k in range(3):
+        point = {name: jax.numpy.asarray(v[k]) for name, v in points.items()}
+        u, g = passes.exact_gradient(spec, point, (y1, y2), {})
+        u_file, g_file = passes.exact_gradient(spec, point, on_files, {})
+        assert u_file == pytest.approx(float(u), rel=1e-6)
+        for name in g:
+            np.testing.assert_allclose(g_file[name], g[name], rtol=1e-5, atol=1e-7)
+    u3, g3 = passes.exact_gradient(spec, points, (y1, y2), {}, batched=True)
+    u3_file, g3_file = passes.exact_gradient(spec, points, on_files, {}, batched=True)
+    np.testing.assert_allclose(u3_file, u3, rtol=1e-6)
+    for name in g3:
+        np.testing.assert_allclose(g3_file[name], g3[name], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.filterwarnings("ignore::numpyro_sgmc.diagnostics.LinearizationWarning")
+def test_no_program_receives_a_file_whole(tmp_path, monkeypatch, capfd):
+    """autotune, run_kernel (tuned, and a hand-set SGLD-FP whose centre is a pass over the
+    files) and check_run on memory maps: every host-to-device transfer JAX makes is of rows
+    (a chunk, a batch, a sample), never of a whole file. On an accelerator a whole file would
+    be a copy of it in device memory."""
+    import numpyro_sgmc.tuner.tuning as tuning
+    from numpyro_sgmc.data import passes
+
+    monkeypatch.setattr(tuning, "WARM_START_SAMPLE_ROWS", 2000)
+    monkeypatch.setattr(passes, "CHUNK_BYTES", 2**16)
+    n = 30_011
+    data = make_linear_regression(n=n, seed=5)
+    X, y = _on_disk(tmp_path, X=data.X, y=data.y)
+    capfd.readouterr()
+    with jax.transfer_guard_host_to_device("log_explicit"):
+        kernel, report = autotune(linear_regression, jax.random.key(0), X, y)
+        run = run_kernel(kernel, jax.random.key(1), X, y, num_samples=200, num_chains=2)
+        check_run(run, report)
+        hand = SGLDFP(linear_regression, 1e-4)
+        run_kernel(hand, jax.random.key(2), X, y, num_samples=20, num_chains=2)
+    transfers = capfd.readouterr().err
+    assert "host-to-device transfer" in transfers  # the guard's log is seen
+    whole = [line for line in transfers.splitlines() if f"[{n}" in line]
+    assert not whole, whole[:3]
+
+
+def test_the_tuners_first_pass_over_a_file_is_its_data_check(tmp_path, monkeypatch):
+    """autotune reads a file's rows for NaN and infinite values in its first pass over every
+    row, not in a pass of its own; a non-finite row past the first rows checked at the start
+    is found there, and reported by row as before."""
+    import numpyro_sgmc.tuner.tuning as tuning
+    from numpyro_sgmc.data import validation
+
+    monkeypatch.setattr(validation, "_FIRST_ROWS", 100)
+    checked = []
+    count = validation._count_nonfinite_host
+    monkeypatch.setattr(
+        validation, "_count_nonfinite_host", lambda x: checked.append(len(x)) or count(x)
+    )
+    data = make_linear_regression(n=4000, seed=3)
+    X, y = _on_disk(tmp_path, X=data.X, y=data.y)
+    kernel, report = autotune(linear_regression, jax.random.key(0), X, y)
+    assert checked == [100, 100]  # X and y: the first rows only
+    run_kernel(kernel, jax.random.key(1), X, y, num_samples=5)
+    assert checked == [100, 100]  # the pass recorded both files as checked
+    bad = np.asarray(data.y).copy()
+    bad[3001] = np.nan
+    X, y = _on_disk(tmp_path / "..", X=data.X, y=bad)
+    for sample in (600, 4000):  # the row in the warm start's sample or not: the same message
+        monkeypatch.setattr(tuning, "WARM_START_SAMPLE_ROWS", sample)
+        with pytest.raises(ValueError, match=r"in 1 of its 4000 rows \(the first at row 3001\)"):
+            autotune(linear_regression, jax.random.key(0), X, y)
+
+
+def _in_zarr(tmp_path, chunk_rows=128, **arrays):
+    """The arrays written as zarr 3 arrays of ``chunk_rows``-row chunks (compressed, zarr's
+    default), opened read-only."""
+    import zarr
+
+    out = []
+    for name, a in arrays.items():
+        a = np.asarray(a)
+        z = zarr.create_array(store=tmp_path / f"{name}.zarr", shape=a.shape, dtype=a.dtype,
+                              chunks=(chunk_rows,) + a.shape[1:])  # fmt: skip
+        z[:] = a
+        out.append(zarr.open_array(tmp_path / f"{name}.zarr", mode="r"))
+    return out
+
+
+@pytest.mark.filterwarnings("ignore::numpyro_sgmc.diagnostics.LinearizationWarning")
+@pytest.mark.filterwarnings("ignore::numpyro_sgmc.diagnostics.CentreWarning")
+def test_zarr_arrays_go_through_the_recipe_as_files_do(tmp_path):
+    """autotune, run_kernel (resumed too), check_run and a hand-set SGLD-FP on zarr arrays
+    (y stored as float64, read as float32 by chunk): the tuner's report and the draws of the
+    same arrays in memory, and MCMC refused by name."""
+    data = make_linear_regression(n=4000, seed=3)
+    X, y = np.asarray(data.X), np.asarray(data.y)
+    Xz, yz = _in_zarr(tmp_path, X=X, y=y.astype(np.float64))
+    kernel, report = autotune(linear_regression, jax.random.key(0), Xz, yz)
+    memory = autotune(linear_regression, jax.random.key(0), X, y)[1]
+    assert report.row == memory.row and report.batch_size == memory.batch_size
+    np.testing.assert_allclose(report.mode["theta"], memory.mode["theta"], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        report.covariance.as_matrix(3), memory.covariance.as_matrix(3), rtol=1e-3
+    )
+    settings = dict(num_warmup=10, num_chains=2)
+    run = run_kernel(kernel, jax.random.key(1), Xz, yz, num_samples=400, **settings)
+    in_memory = run_kernel(kernel, jax.random.key(1), X, y, num_samples=400, **settings)
+    np.testing.assert_allclose(run.samples["theta"], in_memory.samples["theta"], rtol=1e-5,
+                               atol=1e-6)  # fmt: skip
+    assert check_run(run, report).passed
+    first = run_kernel(kernel, jax.random.key(1), Xz, yz, num_samples=150, **settings)
+    continued = run_kernel(kernel, None, Xz, yz, num_samples=250, previous=first)
+    np.testing.assert_allclose(continued.samples["theta"], in_memory.samples["theta"],
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
+    hand = SGLDFP(linear_regression, 1e-4, batch_sampling="blocks")
+    on_zarr = run_kernel(hand, jax.random.key(2), Xz, yz, num_samples=20)
+    in_memory = run_kernel(hand, jax.random.key(2), X, y, num_samples=20)
+    np.testing.assert_allclose(on_zarr.samples["theta"], in_memory.samples["theta"], rtol=1e-5,
+                               atol=1e-6)  # fmt: skip
+    mcmc = MCMC(kernel, num_warmup=5, num_samples=5, progress_bar=False)
+    with pytest.raises(ValueError, match=r"file-backed, a memory map or a zarr array") as e:
+        mcmc.run(jax.random.key(0), Xz, yz)
+    assert "numpyro_sgmc.run_kernel(kernel, key, *data" in str(e.value)
+
+
+def _with_group_table(X, y, table):
+    """A model that reads ``table`` whole (one row per group, no plate of its own)."""
+    shift = numpyro.sample("shift", dist.Normal(0.0, 10.0))
+    theta = numpyro.sample("theta", dist.Normal(0.0, 10.0).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=100):
+        Xb = numpyro.subsample(X, event_dim=1)
+        yb = numpyro.subsample(y, event_dim=0)
+        numpyro.sample("y", dist.Normal(Xb @ theta + shift * table.sum(), 1.0), obs=yb)
+
+
+def test_zarr_errors_name_the_row_and_the_fix(tmp_path, monkeypatch):
+    """A NaN row in a zarr array is found by row; a zarr array that is not a plate's rows is
+    refused with the fix (a NumPy array), and the same model runs with one; a draw whose rows
+    exceed a feed is refused on zarr (a memory map reads it in place)."""
+    data = make_linear_regression(n=1000, seed=3)
+    X, y = np.asarray(data.X), np.asarray(data.y)
+    bad = y.copy()
+    bad[777] = np.inf
+    Xz, yz = _in_zarr(tmp_path, X=X, y=bad)
+    with pytest.raises(ValueError, match=r"in 1 of its 1000 rows \(the first at row 777\)"):
+        autotune(linear_regression, jax.random.key(0), Xz, yz)
+    (table,) = _in_zarr(tmp_path, table=np.ones(7, np.float32))
+    (tmp_path / "clean").mkdir()
+    Xz, yz = _in_zarr(tmp_path / "clean", X=X, y=y)
+    kernel = SGLD(_with_group_table, 1e-4)
+    with pytest.raises(ValueError, match=r"zarr array of shape \(7,\) is not the data of a "
+                       r"subsample plate.*np.asarray\(z\[:\]\)"):  # fmt: skip
+        run_kernel(kernel, jax.random.key(0), Xz, yz, table, num_samples=5)
+    run_kernel(kernel, jax.random.key(0), Xz, yz, np.asarray(table[:]), num_samples=5)
+    monkeypatch.setattr(files, "MAX_DRAW_BYTES", 1000)
+    with pytest.raises(ValueError, match=r"a zarr array is only read by rows into memory"):
+        run_kernel(SGLD(linear_regression, 1e-4), jax.random.key(0), Xz, yz, num_samples=5)

@@ -5,6 +5,8 @@ the plates and their sizes, constraints, the start) and its first trace
 (:mod:`~numpyro_sgmc.data.first_trace`: the sites and plates, and their checks), the checks
 of user input (:mod:`~numpyro_sgmc.data.validation`), the data plate's subsampling
 (:mod:`~numpyro_sgmc.data.subsample`) and batch samplers (:mod:`~numpyro_sgmc.data.batches`),
+file-backed arguments (:mod:`~numpyro_sgmc.data.files`, :mod:`~numpyro_sgmc.data.streaming`),
+full-data passes (:mod:`~numpyro_sgmc.data.passes`),
 the gradient estimators (:mod:`~numpyro_sgmc.data.gradients`) and their data-parallel form
 (:mod:`~numpyro_sgmc.data.sharding`), and the host-side progress bar and Ctrl-C handling
 (:mod:`~numpyro_sgmc.data.progress`). It may import the foundations only

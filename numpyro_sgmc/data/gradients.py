@@ -36,9 +36,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from numpyro_sgmc.compilation import one_shot_jit
 from numpyro_sgmc.data.batches import batch_sampler
-from numpyro_sgmc.data.model import ModelSpec, chunked_batches, potential, split_args
+from numpyro_sgmc.data.model import ModelSpec, chunked_batches, potential
 from numpyro_sgmc.data.subsample import first_batch
 
 __all__ = [
@@ -47,8 +46,8 @@ __all__ = [
     "Estimator",
     "batch_gradient",
     "control_variates",
-    "exact_gradient",
     "full_data_gradient",
+    "full_data_sums",
     "minibatch",
     "sampler_state",
 ]
@@ -183,15 +182,11 @@ def full_data_gradient(
         counted once.
     :param tuple rows: the plates to sum over; default ``spec.plates`` (all rows).
     """
-    _, total = _full_data_sums(
-        spec, position, model_args, model_kwargs, chunk_size, axis_name, rows
-    )
+    _, total = full_data_sums(spec, position, model_args, model_kwargs, chunk_size, axis_name, rows)
     return jax.tree.map(lambda g: -g / spec.num_data, total)
 
 
-def _full_data_sums(
-    spec, position, model_args, model_kwargs, chunk_size, axis_name=None, rows=None
-):
+def full_data_sums(spec, position, model_args, model_kwargs, chunk_size, axis_name=None, rows=None):
     """``(U(θ), ∇U(θ))`` over all rows, chunk by chunk (:func:`full_data_gradient`)."""
     num_shards = 1 if axis_name is None else lax.axis_size(axis_name)
     rows = spec.plates if rows is None else rows
@@ -214,17 +209,3 @@ def _full_data_sums(
     if num_chunks > 1:
         total, _ = lax.scan(body, total, jnp.arange(1, num_chunks))
     return lax.psum(total, axis_name)
-
-
-@one_shot_jit(("spec", "structure", "chunk_size"), rows=lambda spec, **_: spec.num_data)
-def _exact(spec, structure, chunk_size, position, arrays):
-    args, kwargs = structure.rebuild(arrays)
-    value, total = _full_data_sums(spec, position, args, kwargs, chunk_size)
-    return value, jax.tree.map(lambda g: -g / spec.num_data, total)
-
-
-def exact_gradient(spec: ModelSpec, position: dict, model_args, model_kwargs, chunk_size=65536):
-    """``(U(θ), -∇U(θ)/n)``: the full-data potential and :func:`full_data_gradient`, compiled
-    once per model and data shapes (the data passed as arguments)."""
-    arrays, structure = split_args(model_args, model_kwargs)
-    return _exact(spec, structure, int(chunk_size), position, arrays)

@@ -49,6 +49,7 @@ from numpyro.util import is_prng_key, not_jax_tracer
 from numpyro_sgmc import host
 from numpyro_sgmc.compilation import one_shot_jit
 from numpyro_sgmc.data import validation
+from numpyro_sgmc.data.files import check_zarr_arguments, first_rows
 from numpyro_sgmc.data.first_trace import check_sites, declared_plates, first_trace
 from numpyro_sgmc.data.subsample import (
     Batch,
@@ -205,7 +206,10 @@ def split_args(model_args, model_kwargs) -> tuple:
     ``(model_args, model_kwargs)`` from them (``structure.rebuild(arrays)``)."""
     kwargs = {} if model_kwargs is None else dict(model_kwargs)
     leaves, treedef = jax.tree.flatten((tuple(model_args), kwargs))
-    is_array = [isinstance(x, (np.ndarray, jax.Array, np.generic)) for x in leaves]
+    is_array = [
+        isinstance(x, (np.ndarray, jax.Array, np.generic)) or validation.zarr_array(x)
+        for x in leaves
+    ]
     arrays = tuple(x for x, a in zip(leaves, is_array, strict=True) if a)
     static = tuple(_ARRAY if a else x for x, a in zip(leaves, is_array, strict=True))
     return arrays, ArgStructure(treedef, static)
@@ -257,6 +261,7 @@ def constrained(spec, z, model_args, model_kwargs, exclude=frozenset(), batched=
     """:func:`constrain`, compiled once per model and data shapes (the data as arguments);
     ``batched``: ``z`` has a leading axis (one point per restart or chain)."""
     arrays, structure = split_args(model_args, model_kwargs)
+    arrays = first_rows(arrays, spec.plates)  # the first batch's rows, not a file whole
     return _constrained(spec, structure, frozenset(exclude), bool(batched), z, arrays)
 
 
@@ -345,6 +350,7 @@ def prepare_model(
     model_trace, subsampled = first_trace(model, trace_key, model_args, model_kwargs)
     plates = _batch_sizes(declared_plates(model_trace), batch_size)
     check_sites(model_trace, plates)
+    check_zarr_arguments(split_args(model_args, model_kwargs)[0], plates)
     validation.check_finite_data(model, model_args, model_kwargs)
     spec = ModelSpec(model, plates)
     if init_params is None:
@@ -381,6 +387,7 @@ def _initialize(rng_key, model, plates, model_args, model_kwargs, init_strategy)
     batched = not is_prng_key(rng_key)
     keys = rng_key if batched else host.key_batch(rng_key)
     arrays, structure = split_args(model_args, model_kwargs)
+    arrays = first_rows(arrays, plates)  # the first batch's rows, not a file whole
     # init_to_mean is undefined for a Cauchy prior (NaN); the median and zeros are not
     strategies = (init_strategy, init_to_mean, init_to_median, init_to_uniform(radius=0.0))
     for strategy in strategies:
@@ -509,8 +516,9 @@ def _check_indexing(spec, z, model_args, model_kwargs, plates: list):
     the plates' last rows (JAX clamps an index past the end without an error)."""
     arrays, structure = split_args(model_args, model_kwargs)
     if not all(not_jax_tracer(a) for a in arrays) or any(
-        isinstance(a, jax.Array) and not a.is_fully_addressable for a in arrays
-    ):
+        isinstance(a, jax.Array) and not a.is_fully_addressable or validation.zarr_array(a)
+        for a in arrays
+    ):  # the last rows are not all on this host, or not readable in place (zarr)
         return
     message = _index_errors(spec, structure, z, arrays).get()
     if message:

@@ -7,7 +7,7 @@ indices of the next ``S`` steps can be drawn before the steps run, by a small co
 of the key splits and the sampler only (:func:`batch_indices`). :class:`RowFeed` gathers those
 rows of every per-row argument on the host (for ``batch_sampling="blocks"`` one ``preadv`` of
 each batch's consecutive rows, :class:`BlockFile`; for the random samplers ``np.take`` on a
-mapping that reads a page per row, :func:`random_access`), stacks
+mapping that reads a page per row, :func:`~numpyro_sgmc.data.files.random_access`), stacks
 them as ``(S, b_p, ...)`` and puts them on the device; the runner's compiled chunk then runs
 the ``S`` steps with :func:`~numpyro_sgmc.data.gradients.minibatch` on fed rows, step ``t`` on the
 ``t``-th batch. The draws are those of the run on the same data in memory, for the same key
@@ -21,12 +21,9 @@ faults release the GIL). The reads cost no sampling time while they are faster t
 steps. What stays in memory: the non-per-row arguments, two feeds, and the pages of the file
 the operating system caches.
 
-The tuner's passes over a sample of rows (the warm start's epochs, the information rows, the
-rows of the Newton solves, the checks' rows) read their rows once per pass:
-:func:`rows_in_memory` gathers the distinct rows in file order and hands the compiled pass
-them and their positions. Evaluated in place, each random row of a file beyond RAM is a page
-fault that reads ahead a block of neighbours (measured: the warm start's 5 epochs on a
-sample of 10⁶ rows read a 4.4 GB file from disk again and again for over 5 minutes).
+The tuner's passes over a sample of rows read their rows once per pass
+(:func:`~numpyro_sgmc.data.files.rows_in_memory`), and its passes over every row read them in
+host chunks (:mod:`~numpyro_sgmc.data.passes`).
 
 Before any of these, :func:`check_batch_rows_only` refuses a model that reads its per-row
 arguments as a whole (which a fed step would compute from the batch alone); between feeds,
@@ -36,12 +33,10 @@ arguments as a whole (which a fed step would compute from the batch alone); betw
 from __future__ import annotations
 
 import contextvars
-import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import partial
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -49,40 +44,33 @@ import numpy as np
 from jax import lax, random
 
 from numpyro_sgmc.data.batches import batch_sampler
+from numpyro_sgmc.data.files import (
+    FedRows,
+    fed_rows,
+    file_backed,
+    random_access,
+    read_rows,
+    take_rows,
+)
 from numpyro_sgmc.data.gradients import sampler_state
 from numpyro_sgmc.data.model import potential
-from numpyro_sgmc.data.subsample import Batch, first_batch
-from numpyro_sgmc.data.validation import file_position, memory_mapped
+from numpyro_sgmc.data.subsample import first_batch
+from numpyro_sgmc.data.validation import file_position, zarr_array
 
 __all__ = [
     "FEED_BYTES",
-    "MAX_DRAW_BYTES",
-    "FedRows",
     "RowFeed",
     "batch_indices",
     "check_batch_rows_only",
     "check_file_rows",
-    "fed_rows",
-    "file_backed",
     "refuse_in_mcmc",
-    "rows_in_memory",
     "runner",
 ]
 
 FEED_BYTES = 2**25
 """Bytes of rows one feed holds (32 MB), or one kept draw's (``thinning`` draws) if more."""
 
-MAX_DRAW_BYTES = 2**28
-"""Rows of one draw (``num_steps`` batches), or of one gather of a tuner's row sample
-(:func:`rows_in_memory`), above which the data are read in place."""
-
 _RUNNER = contextvars.ContextVar("numpyro_sgmc_runner", default=False)
-
-
-def file_backed(x) -> bool:
-    """Whether ``x`` is a NumPy array backed by a memory-mapped file
-    (``np.load(path, mmap_mode="r")``, ``np.lib.format.open_memmap``, or a view of one)."""
-    return isinstance(x, np.ndarray) and memory_mapped(x)
 
 
 @contextmanager
@@ -107,8 +95,9 @@ def refuse_in_mcmc(name: str, model_args, model_kwargs):
     if found:
         shapes = ", ".join(str(x.shape) for x in found)
         raise ValueError(
-            f"A model argument is a memory-mapped file (shape {shapes}). numpyro.infer.MCMC "
-            "takes in-memory arrays: it hands every argument whole to its compiled loop. Run "
+            f"A model argument is file-backed, a memory map or a zarr array (shape {shapes}). "
+            "numpyro.infer.MCMC takes in-memory arrays: it hands every argument whole to its "
+            "compiled loop. Run "
             f"this {name} kernel with numpyro_sgmc.run_kernel(kernel, key, *data, "
             "num_samples=...), which reads each batch's rows from the file on a background "
             "thread (or load the data into memory: np.array(X))."
@@ -121,119 +110,12 @@ def _filename(x):
     return None if position is None else position[0]
 
 
-SPARSE_GAP = 2**16
-"""Bytes of file per row read (on average) above which a gather reads each row's page alone."""
-
-
-def random_access(x, num_rows: int):
-    """``x`` for a gather of about ``num_rows`` scattered rows: where they are sparse in its
-    file (more than :data:`SPARSE_GAP` bytes apart on average), the same data through a
-    mapping of its own advised ``MADV_RANDOM``, so that a page fault reads that page alone.
-    On the user's mapping the kernel reads ahead around each fault (``read_ahead_kb``: 128 KB
-    to 8 MB), and a gather of 1,024 rows from a 4.4 GB file beyond RAM read 3.8 GB. ``x``
-    itself for data in memory, dense rows, or a platform without ``madvise``."""
-    position = file_position(x)
-    if position is None or not hasattr(mmap, "MADV_RANDOM") or min(x.strides, default=0) < 0:
-        return x
-    if x.nbytes < SPARSE_GAP * max(num_rows, 1):
-        return x
-    filename, start = position
-    with open(filename, "rb") as f:
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    mapped.madvise(mmap.MADV_RANDOM)
-    return np.ndarray(x.shape, x.dtype, buffer=mapped, offset=start, strides=x.strides)
-
-
 def _stat(filename):
     try:
         found = os.stat(filename)
     except OSError:
         return None
     return found.st_ino, found.st_size, found.st_mtime_ns
-
-
-class FedRows(NamedTuple):
-    """Which model-argument arrays a run feeds row by row.
-
-    :param tuple leaves: positions (in :func:`~numpyro_sgmc.data.model.split_args`'s
-        arrays) of the arguments whose rows are a subsample plate's.
-    :param tuple plates: the plate name of each of them.
-    """
-
-    leaves: tuple
-    plates: tuple
-
-
-def fed_rows(arrays, plates) -> FedRows:
-    """The arrays to feed: those with as many rows as a subsample plate has data (each plate's
-    data are its per-row arguments, as for sharded data, :mod:`~numpyro_sgmc.data.sharding`).
-
-    :raises ValueError: two plates of the same size (the rows would be ambiguous), or a plate
-        of which no argument has its rows.
-    """
-    sizes = {}
-    for p in plates:
-        if p.size in sizes:
-            raise ValueError(
-                f"Subsample plates '{sizes[p.size]}' and '{p.name}' both have {p.size} rows, so "
-                "the per-row arguments of file-backed data are ambiguous. Load the data of one "
-                "of them into memory, or run the model with numpyro.infer.MCMC on in-memory "
-                "arrays."
-            )
-        sizes[p.size] = p.name
-    leaves, names = [], []
-    for k, x in enumerate(arrays):
-        name = sizes.get(np.shape(x)[0]) if np.ndim(x) else None
-        if name is not None:
-            leaves.append(k)
-            names.append(name)
-    for p in plates:
-        if p.name not in names:
-            raise ValueError(
-                f"Subsample plate '{p.name}' ({p.size} rows) has no model argument with "
-                f"{p.size} rows; with file-backed data the per-row arguments are fed one "
-                "batch at a time, found by their number of rows."
-            )
-    return FedRows(tuple(leaves), tuple(names))
-
-
-def rows_in_memory(arrays: tuple, plates: tuple, indices):
-    """``(arrays, indices)`` for a compiled pass over the rows ``indices`` (plate name -> integer
-    indices, or ``None`` for every row; or a :class:`~numpyro_sgmc.data.subsample.Batch`, whose
-    indices are replaced) of file-backed data: every per-row argument of a plate
-    (:func:`fed_rows`) replaced by its rows at the distinct indices, read once and in file
-    order, and the indices by their positions among them. The pass computes what it computes
-    in place (the model's plates keep their sizes, ``data_indexed_model``). The rows are
-    padded to as many as there are indices, so a pass compiles once per sample size.
-
-    Data in memory, per-row arguments whose plate is ambiguous (two plates of one size), and
-    rows of more than :data:`MAX_DRAW_BYTES` are returned as they are (read in place).
-    """
-    if isinstance(indices, Batch):
-        arrays, rows = rows_in_memory(arrays, plates, indices.indices)
-        return arrays, indices._replace(indices=rows)
-    if not any(file_backed(x) for x in arrays):
-        return arrays, indices
-    try:
-        fed = fed_rows(arrays, plates)
-    except ValueError:
-        return arrays, indices
-    leaves, out, taken = list(arrays), dict(indices), {}
-    for name, rows in indices.items():
-        if rows is None or name not in fed.plates:
-            continue
-        flat = np.asarray(rows).ravel()
-        row_bytes = sum(arrays[k][:1].nbytes for k, p in zip(*fed, strict=True) if p == name)
-        if flat.size * row_bytes > MAX_DRAW_BYTES:  # a sample near the whole data
-            continue
-        distinct, position = np.unique(flat, return_inverse=True)
-        taken[name] = np.pad(distinct, (0, flat.size - distinct.size), mode="edge")
-        out[name] = position.reshape(np.shape(rows)).astype(np.int32)
-    for k, name in zip(fed.leaves, fed.plates, strict=True):
-        if name in taken:
-            source = np.asarray(random_access(arrays[k], len(taken[name])))
-            leaves[k] = np.take(source, taken[name], axis=0)  # in memory, not a np.memmap
-    return tuple(leaves), out
 
 
 def check_file_rows(spec, structure, arrays, z):
@@ -283,8 +165,8 @@ def check_batch_rows_only(spec, structure, arrays, fed: FedRows, z):
     alone, within = [], []
     for k, name in zip(fed.leaves, fed.plates, strict=True):
         x, b = arrays[k], batch[name]
-        rows = np.asarray(x[:b])
-        other = np.asarray(x[b : 2 * b]) if len(x) >= 2 * b else None
+        rows = read_rows(x, 0, b)
+        other = read_rows(x, b, 2 * b) if x.shape[0] >= 2 * b else None
         if other is None or np.array_equal(other, rows):
             other = rows + np.ones((), rows.dtype) if rows.dtype.kind in "fc" else rows[::-1]
         alone.append(jax.device_put(rows))
@@ -401,7 +283,9 @@ class RowFeed:
 
     def __init__(self, spec, method, arrays, fed, num_chains, batched, num_steps, thinning):
         self.plates, self.method, self.fed, self.batched = spec.plates, method, fed, batched
-        self.sources = [np.asarray(arrays[k]) for k in fed.leaves]  # a memory map stays one
+        # a memory map stays one, a zarr array is read by rows
+        self.sources = [arrays[k] if zarr_array(arrays[k]) else np.asarray(arrays[k])
+                        for k in fed.leaves]  # fmt: skip
         batch = {p.name: p.batch_size for p in spec.plates}
         per_step = num_chains * sum(
             batch[name] * x[:1].nbytes for name, x in zip(fed.plates, self.sources, strict=True)
@@ -490,12 +374,13 @@ class RowFeed:
                 used[name] = idx[:, :steps] if self.batched else idx[:steps]
             idx = used[name]
             lead = (idx.shape[0], self.length) if self.batched else (self.length,)
-            rows = np.empty(lead + idx.shape[-1:] + source.shape[1:], source.dtype)  # rest unread
-            if block is not None and _contiguous(idx, len(source)):
+            dtype = jax.dtypes.canonicalize_dtype(source.dtype)
+            rows = np.empty(lead + idx.shape[-1:] + tuple(source.shape[1:]), dtype)  # rest unread
+            if block is not None and _contiguous(idx, source.shape[0]):
                 taken = self._blocks(block, idx, source)
             else:
-                taken = np.take(source, idx.reshape(-1), axis=0)
-                taken = taken.reshape(idx.shape + source.shape[1:])
+                taken = take_rows(source, idx.reshape(-1))
+                taken = taken.reshape(idx.shape + tuple(source.shape[1:]))
             if self.batched:
                 rows[:, :steps] = taken
             else:

@@ -19,12 +19,14 @@ Every message names the argument, the problem and the fix; ``docs/bad-input.md``
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import inspect
 import math
 import mmap
 import os
 import weakref
+from contextlib import contextmanager
 from typing import Callable, Optional
 
 import jax
@@ -47,13 +49,17 @@ __all__ = [
     "check_indexed_rows",
     "check_types",
     "empty_arguments",
+    "file_backed",
+    "file_checks_deferred",
     "memory_mapped",
     "nonnegative_int",
     "number_in",
     "positive_int",
     "positive_number",
+    "record_file_counts",
     "row_counts",
     "unequal_rows",
+    "zarr_array",
 ]
 
 _CHUNK_ELEMENTS = 2**22  # entries per chunk of the host pass over NumPy data (16 MB of float32)
@@ -216,6 +222,39 @@ def physical_memory() -> float:
         return math.inf
 
 
+def zarr_array(x) -> bool:
+    """Whether ``x`` is a zarr array (zarr 3's ``zarr.Array``, on any store), told without
+    importing zarr (an optional dependency)."""
+    return type(x).__module__.startswith("zarr.") and hasattr(x, "oindex")
+
+
+def _zarr_version(x):
+    """A key for the bytes of the zarr array ``x`` on a local store: its directory, the count,
+    total size and latest modification time of the files under it, its shape and dtype;
+    ``None`` on other stores (their contents are not stat-able here)."""
+    root = getattr(x.store, "root", None)
+    if root is None:
+        return None
+    directory = os.path.join(os.fspath(root), x.path)
+    count = size = latest = 0
+    for folder, _, names in os.walk(directory):
+        for name in names:
+            try:
+                found = os.stat(os.path.join(folder, name))
+            except OSError:
+                return None
+            count, size = count + 1, size + found.st_size
+            latest = max(latest, found.st_mtime_ns)
+    return ("zarr", directory, count, size, latest, tuple(x.shape), np.dtype(x.dtype).str)
+
+
+def file_backed(x) -> bool:
+    """Whether ``x`` is a NumPy array backed by a memory-mapped file
+    (``np.load(path, mmap_mode="r")``, ``np.lib.format.open_memmap``, or a view of one), or a
+    zarr array (:mod:`~numpyro_sgmc.data.files`)."""
+    return (isinstance(x, np.ndarray) and memory_mapped(x)) or zarr_array(x)
+
+
 def memory_mapped(x: np.ndarray) -> bool:
     """Whether ``x`` (or an array it is a view of) is backed by a memory-mapped file."""
     while x is not None:
@@ -248,7 +287,10 @@ def file_position(x):
 
 def _file_version(x):
     """A key for the bytes of the file-backed array ``x``: its file (inode, size, mtime), its
-    first byte's offset there, shape, strides and dtype; ``None`` for data in memory."""
+    first byte's offset there, shape, strides and dtype (a zarr array's :func:`_zarr_version`);
+    ``None`` for data in memory."""
+    if zarr_array(x):
+        return _zarr_version(x)
     position = file_position(x)
     if position is None:
         return None
@@ -303,7 +345,7 @@ def arrays_version(arrays) -> Optional[tuple]:
     change in place, and hashing it costs a pass)."""
     key = []
     for x in arrays:
-        version = _file_version(x) if isinstance(x, np.ndarray) else None
+        version = _file_version(x) if isinstance(x, np.ndarray) or zarr_array(x) else None
         if version is None and not not_jax_tracer(x):
             return None
         if version is None and isinstance(x, jax.Array):
@@ -325,6 +367,10 @@ def _convert(x, label: str):
         return x
     if isinstance(x, np.ndarray):
         return _canonical(x, label)
+    if zarr_array(x):  # file-backed: read by rows where used, in JAX's dtypes
+        if np.dtype(x.dtype).kind not in "biufc":
+            _canonical(np.empty(0, x.dtype), label)
+        return x
     if isinstance(x, list):
         try:
             array = np.asarray(x)
@@ -338,8 +384,8 @@ def _convert(x, label: str):
 
 
 def _refuse_large_store(x, label: str):
-    """An array-like that is not a NumPy array (zarr, h5py, tensorstore, dask) becomes one by
-    reading it whole; one larger than half the machine's memory is refused instead."""
+    """An array-like that is not a NumPy array or a zarr array (h5py, tensorstore, dask) becomes
+    one by reading it whole; one larger than half the machine's memory is refused instead."""
     shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
     if _is_pandas(x) or shape is None or dtype is None:
         return
@@ -350,11 +396,11 @@ def _refuse_large_store(x, label: str):
     if size > _CAST_SHARE * physical_memory():
         raise ValueError(
             f"Model {label} is a {type(x).__module__}.{type(x).__name__} of {size / 2**30:.3g} "
-            f"GiB; the kernels read a NumPy array or a memory-mapped .npy file, and this "
-            f"would be read whole into memory (more than {_CAST_SHARE:.0%} of this machine's "
-            f"{physical_memory() / 2**30:.3g} GiB). Write it once to .npy files, in chunks: "
-            "numpyro_sgmc.shuffle_to_disk(key, {'X': X, ...}, directory) reads any array that "
-            "slices by rows and returns the memory maps to pass instead."
+            f"GiB; the kernels read NumPy arrays, memory-mapped .npy files and zarr arrays by "
+            f"rows, and this would be read whole into memory (more than {_CAST_SHARE:.0%} of "
+            f"this machine's {physical_memory() / 2**30:.3g} GiB). Write it once to .npy files, "
+            "in chunks: numpyro_sgmc.shuffle_to_disk(key, {'X': X, ...}, directory) reads any "
+            "array that slices by rows and returns the memory maps to pass instead."
         )
 
 
@@ -436,6 +482,10 @@ def _count_nonfinite(x) -> tuple:
         # a file is read once per version of it (autotune, run_kernel and check_run each
         # check their data; beyond RAM each pass is a read of the whole file from disk)
         if version not in _FILE_COUNTS:
+            if _DEFERRED.get():  # a pass over every row will check it: its first rows now
+                first = _count_nonfinite_host(x[:_FIRST_ROWS])
+                if not first[0]:
+                    return first
             _FILE_COUNTS[version] = _count_nonfinite_host(x)
         return _FILE_COUNTS[version]
     rows = max(1, _DEVICE_CHUNK_ELEMENTS // max(1, x.size // x.shape[0]))
@@ -450,6 +500,30 @@ def _count_nonfinite(x) -> tuple:
 
 
 _FILE_COUNTS = {}  # _file_version -> (count, first) of non-finite rows
+_DEFERRED = contextvars.ContextVar("numpyro_sgmc_file_checks_deferred", default=False)
+_FIRST_ROWS = 2**16  # rows of a file checked at once where its check is deferred
+
+
+@contextmanager
+def file_checks_deferred():
+    """Within it, :func:`check_finite_data` checks only the first rows of a file not yet
+    checked (those a model's first trace and start evaluate): the caller will read every row
+    in a full pass (:mod:`~numpyro_sgmc.data.passes`), which checks them on the way and
+    records what it found (:func:`record_file_counts`), and then calls
+    :func:`check_finite_data` again, at no cost. Beyond RAM this saves a read of the file."""
+    token = _DEFERRED.set(True)
+    try:
+        yield
+    finally:
+        _DEFERRED.reset(token)
+
+
+def record_file_counts(x, counts: tuple):
+    """``(count, first)`` of the rows of the file-backed ``x`` with a NaN or an infinite entry,
+    found by a pass that read all of them: its data check needs no pass of its own."""
+    version = _file_version(x) if isinstance(x, np.ndarray) or zarr_array(x) else None
+    if version is not None:
+        _FILE_COUNTS[version] = tuple(counts)
 
 
 def _count_nonfinite_host(x) -> tuple:
@@ -474,8 +548,9 @@ def _keep_hint(name: str, ndim: int) -> str:
     return f"keep = np.isfinite({name}).reshape(len({name}), -1).all(axis=1)"
 
 
-def check_finite_data(model: Callable, model_args: tuple, model_kwargs: dict):
-    """Every floating-point array among the model arguments is finite (one chunked pass).
+def check_finite_data(model: Callable, model_args: tuple, model_kwargs: dict, files_only=False):
+    """Every floating-point array among the model arguments is finite (one chunked pass;
+    ``files_only``: the file-backed ones, after :func:`file_checks_deferred`).
 
     A NaN or an infinite datum makes the gradient estimate non-finite on every batch that
     holds it (``docs/theory.md`` §1): the kernels would reject those steps, which biases the
@@ -491,6 +566,8 @@ def check_finite_data(model: Callable, model_args: tuple, model_kwargs: dict):
             if not hasattr(x, "dtype") or not not_jax_tracer(x):
                 continue
             if not jnp.issubdtype(x.dtype, jnp.inexact):
+                continue
+            if files_only and not file_backed(x):
                 continue
             count, first = _count_nonfinite(x)
             if not count:

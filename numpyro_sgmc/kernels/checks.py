@@ -19,9 +19,9 @@ from numpyro.util import not_jax_tracer
 
 from numpyro_sgmc.compilation import one_shot_jit
 from numpyro_sgmc.data.batches import batch_sampler
-from numpyro_sgmc.data.gradients import full_data_gradient, minibatch
+from numpyro_sgmc.data.files import file_backed, first_rows, rows_in_memory
+from numpyro_sgmc.data.gradients import Centre, full_data_gradient, minibatch
 from numpyro_sgmc.data.model import potential, split_args
-from numpyro_sgmc.data.streaming import file_backed, rows_in_memory
 from numpyro_sgmc.data.subsample import Batch, first_batch
 from numpyro_sgmc.diagnostics import (
     CentreWarning,
@@ -77,7 +77,7 @@ def _finite_at(spec, structure, batched, z, arrays):
 def check_finite_start(spec, z, model_args, model_kwargs, batched: bool):
     """A given start must have a finite potential and gradient on the first batch."""
     arrays, structure = split_args(model_args, model_kwargs)
-    finite = _finite_at(spec, structure, batched, z, arrays)
+    finite = _finite_at(spec, structure, batched, z, first_rows(arrays, spec.plates))
     if not_jax_tracer(finite) and not np.all(finite):
         bad = np.flatnonzero(~np.atleast_1d(np.asarray(finite)))
         raise ValueError(
@@ -168,13 +168,46 @@ def _centre_ratio(spec, structure, chunk_size, centre, rng_key, arrays):
         )
 
     noise_sq = jnp.mean(jax.vmap(noise)(random.split(rng_key, 4)))
+    return _ratio(spec, full, noise_sq)
+
+
+def _ratio(spec, full, noise_sq):
     grad_sq = sum(jnp.sum(v**2) for v in jax.tree.leaves(full))
     tiny = jnp.finfo(noise_sq.dtype).tiny
     return grad_sq * spec.num_data / jnp.maximum(noise_sq * spec.batch_size, tiny)
 
 
+@one_shot_jit(("plates",))
+def _noise_batches(plates, rng_key):
+    """Plate -> ``(4, b_p)``: the indices of :func:`_centre_ratio`'s 4 batches."""
+    sampler = batch_sampler(plates, "with_replacement")
+    return jax.vmap(lambda k: sampler.draw(sampler.init(k), k)[0].indices)(random.split(rng_key, 4))
+
+
+@one_shot_jit(("spec", "structure", "batched"))
+def _known_centre_ratio(spec, structure, batched, centre, indices, arrays):
+    """:func:`_centre_ratio` at centres whose full-data gradient is known, on the rows of its
+    4 batches (``indices`` their positions in ``arrays``)."""
+    args, kwargs = structure.rebuild(arrays)
+
+    def one(centre):
+        def noise(batch_indices):
+            g = jax.grad(lambda z: potential(spec, z, Batch(batch_indices), args, kwargs))(
+                centre.position
+            )
+            return sum(
+                jnp.sum((-a / spec.num_data - b) ** 2)
+                for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(centre.gradient), strict=True)
+            )
+
+        return _ratio(spec, centre.gradient, jnp.mean(jax.vmap(noise)(indices)))
+
+    return jax.vmap(one)(centre) if batched else one(centre)
+
+
 def warn_far_centre(spec, centres, rng_key, model_args, model_kwargs, batched, kernel_name):
-    """Warn if a control-variate centre is 10 posterior sds or more from a mode.
+    """Warn if a control-variate centre is 10 posterior sds or more from a mode. ``centres``:
+    positions, or a :class:`~numpyro_sgmc.data.gradients.Centre` whose gradient is known.
 
     At a mode ``ḡ(θ̂) = 0``; a posterior-typical centre has ``E|ḡ|² ≈ tr(I)/n`` while the batch
     noise has ``E|ĝ_B - ḡ|² = tr(I)/b``, so the ratio is about 1 or less near a mode.
@@ -182,11 +215,14 @@ def warn_far_centre(spec, centres, rng_key, model_args, model_kwargs, batched, k
     if spec.batch_size == spec.num_data:
         return
     arrays, structure = split_args(model_args, model_kwargs)
-    one = partial(_centre_ratio, spec, structure, 65536)
-    if batched:
+    if isinstance(centres, Centre):  # the gradient known: only the batches' rows are read
+        arrays, indices = rows_in_memory(arrays, spec.plates, _noise_batches(spec.plates, rng_key))
+        ratios = _known_centre_ratio(spec, structure, batched, centres, indices, arrays)
+    elif batched:
+        one = partial(_centre_ratio, spec, structure, 65536)
         ratios = jax.vmap(one, (0, None, None))(centres, rng_key, arrays)
     else:
-        ratios = one(centres, rng_key, arrays)
+        ratios = _centre_ratio(spec, structure, 65536, centres, rng_key, arrays)
     if not_jax_tracer(ratios) and np.any(np.asarray(ratios) > 100.0):
         warn(
             f"{kernel_name}: the control-variate centre is far from a mode: "

@@ -22,9 +22,9 @@ import numpy as np
 from jax import random
 
 from numpyro_sgmc.compilation import one_shot_jit
+from numpyro_sgmc.data.files import rows_in_memory
 from numpyro_sgmc.data.gradients import minibatch
 from numpyro_sgmc.data.model import potential, split_args
-from numpyro_sgmc.data.streaming import rows_in_memory
 from numpyro_sgmc.data.subsample import Batch
 from numpyro_sgmc.host import device_array, host_rng
 

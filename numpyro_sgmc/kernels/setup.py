@@ -11,6 +11,7 @@ control-variate centre (in the state, so that ``chain_method="vectorized" | "seq
 from __future__ import annotations
 
 import functools
+from contextlib import nullcontext
 from functools import partial
 from typing import Any, NamedTuple, Optional
 
@@ -19,7 +20,9 @@ from numpyro.util import is_prng_key, not_jax_tracer
 
 from numpyro_sgmc import host
 from numpyro_sgmc.compilation import one_shot_jit
-from numpyro_sgmc.data import sharding
+from numpyro_sgmc.data import passes, sharding, validation
+from numpyro_sgmc.data.files import fed_rows
+from numpyro_sgmc.data.gradients import Centre
 from numpyro_sgmc.data.model import prepare_model, split_args
 from numpyro_sgmc.kernels import auto_step, checks
 from numpyro_sgmc.kernels.family import ChainInit, Recipe, chain_keys
@@ -78,19 +81,33 @@ def start(recipe: Recipe, model, rng_key, num_warmup, init_params, model_args, m
     # the keys of the start and the checks, split only where a search or a check needs them
     split = functools.cache(partial(_split_three, batched, rng_key))
     sharding.data_layout(model_args, model_kwargs)  # layout errors before the model is traced
-    if tuned is None:
-        prepared = prepare_model(
-            split()[1], model, model_args, model_kwargs, options.batch_size,
-            options.init_strategy,
-        )  # fmt: skip
-    else:  # the tuner's mode: no search for a start
-        prepared = prepare_model(
-            rng_key, model, model_args, model_kwargs, options.batch_size,
-            init_params=tuned.start(num_chains),
-        )  # fmt: skip
-        tuned.check(prepared.plates, name)
+    # with control variates, files are checked for non-finite rows by the centre's pass (or
+    # were by the tuner's, on its data), not by a pass of their own
+    deferred = validation.file_checks_deferred() if dynamics.control_variates else nullcontext()
+    with deferred:
+        if tuned is None:
+            prepared = prepare_model(
+                split()[1], model, model_args, model_kwargs, options.batch_size,
+                options.init_strategy,
+            )  # fmt: skip
+        else:  # the tuner's mode: no search for a start
+            prepared = prepare_model(
+                rng_key, model, model_args, model_kwargs, options.batch_size,
+                init_params=tuned.start(num_chains),
+            )  # fmt: skip
+            tuned.check(prepared.plates, name)
     shards = sharding.data_layout(model_args, model_kwargs, prepared.plates)
     z, centre = _starts(recipe, prepared, chain_init, rng_key, batched, model_args, model_kwargs)
+    arrays, structure = split_args(model_args, model_kwargs)
+    streamed = shards is None and passes.streams(arrays, prepared.plates)
+    if streamed and dynamics.control_variates and not isinstance(centre, Centre):
+        # the centre's full-data gradient in one pass over the files, for every chain, read
+        # in host chunks: no compiled program takes the files
+        at = z if centre is None else centre
+        centre = Centre(at, passes.exact_gradient(prepared.spec, at, model_args, model_kwargs,
+                                                  options.chunk_size, batched)[1])  # fmt: skip
+    if dynamics.control_variates:  # free where a pass has read the files (docstring above)
+        validation.check_finite_data(model, model_args, model_kwargs, files_only=True)
     checks.check_position(z, prepared.init_params, batched)
     first = host.take(z) if batched else z
     data = (model_args, model_kwargs)
@@ -123,7 +140,9 @@ def start(recipe: Recipe, model, rng_key, num_warmup, init_params, model_args, m
         one = jax.tree.map(lambda v: v[0], params) if batched else params
         step_check = family.check_step(dynamics, prepared, first, one, check_key(), *data)
         checks.warn_step_size(step_check, name, inflation=not family.adapts_mass(dynamics))
-    arrays, structure = split_args(model_args, model_kwargs)
+    if streamed:  # the state needs no rows: the centre's gradient is known
+        fed = fed_rows(arrays, prepared.plates).leaves
+        arrays = tuple(None if k in fed else a for k, a in enumerate(arrays))
     state = _init_chains(
         family.build, config, structure, batched, rng_key, z, params, centre, arrays
     )

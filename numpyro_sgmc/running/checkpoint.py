@@ -127,7 +127,7 @@ def data_fingerprint(model, model_args, model_kwargs) -> list:
     for label, value in labelled:
         for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
             name = label + jax.tree_util.keystr(path)
-            if isinstance(leaf, (np.ndarray, jax.Array, np.generic)):
+            if isinstance(leaf, (np.ndarray, jax.Array, np.generic)) or validation.zarr_array(leaf):
                 entries.append(_array_entry(name, leaf))
             else:
                 digest = hashlib.blake2b(repr(leaf).encode(), digest_size=8).hexdigest()

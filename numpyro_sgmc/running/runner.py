@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax, random
 
-from numpyro_sgmc.data import streaming, validation
+from numpyro_sgmc.data import files, streaming, validation
 from numpyro_sgmc.data.model import constrain, split_args, total_batch
 from numpyro_sgmc.data.progress import EpochProgress, interrupts
 from numpyro_sgmc.diagnostics import (
@@ -456,15 +456,25 @@ class _Plan:
 def _row_feed(kernel, config, arrays, run):
     """A :class:`~numpyro_sgmc.data.streaming.RowFeed` for file-backed data (``None`` for data
     in memory, or where one draw's rows would exceed ``MAX_DRAW_BYTES``: a full batch of a
-    large file, read in place). The kernel's ``init`` has checked that the model reads only
-    its batch's rows (:func:`~numpyro_sgmc.data.streaming.check_file_rows`)."""
-    if not any(streaming.file_backed(a) for a in arrays) or config.shards is not None:
+    large memory map, read in place; refused for a zarr array). The kernel's ``init`` has
+    checked that the model reads only its batch's rows
+    (:func:`~numpyro_sgmc.data.streaming.check_file_rows`)."""
+    if not any(files.file_backed(a) for a in arrays) or config.shards is not None:
         return None
-    fed = streaming.fed_rows(arrays, config.spec.plates)
+    fed = files.fed_rows(arrays, config.spec.plates)
     feed = streaming.RowFeed(config.spec, config.batch_sampling, arrays, fed, run.num_chains,
                              run.num_chains > 1, kernel.num_steps, run.thinning)  # fmt: skip
-    if feed.draw_bytes > streaming.MAX_DRAW_BYTES:
+    if feed.draw_bytes > files.MAX_DRAW_BYTES:
         feed.close()
+        if any(validation.zarr_array(arrays[k]) for k in fed.leaves):
+            raise ValueError(
+                f"One draw of this kernel reads {feed.draw_bytes / 2**20:.0f} MB of rows "
+                f"({kernel.num_steps} steps of its batches), more than one feed holds "
+                f"({files.MAX_DRAW_BYTES / 2**20:.0f} MB), and a zarr array is only read by "
+                "rows into memory. Use a smaller batch_size or num_steps, or write the data "
+                "to .npy files (numpyro_sgmc.shuffle_to_disk), whose memory maps a draw this "
+                "large reads in place."
+            )
         return None
     return feed
 

@@ -31,8 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from numpyro_sgmc import host, scales
+from numpyro_sgmc.data.files import first_rows, rows_in_memory
 from numpyro_sgmc.data.model import Layout, num_data, prepare_model, split_args
-from numpyro_sgmc.data.streaming import rows_in_memory
 from numpyro_sgmc.scales import Dense, Diagonal
 from numpyro_sgmc.theory.linear import GradientNoise
 from numpyro_sgmc.tuner.rows import (
@@ -302,7 +302,9 @@ def information_of(
     if kind == "diagonal":
         signs = Stream.HUTCHINSON_PROBES.rng(rng_key).integers(0, 2, (int(num_probes), d))
         probes = host.device_array(2 * signs - 1, dtype)
-    global_grad, global_curv = global_terms(spec, structure, layout, kind, zf, probes, arrays)
+    global_grad, global_curv = global_terms(
+        spec, structure, layout, kind, zf, probes, first_rows(arrays, plates)
+    )
     global_grad, global_curv = (np.asarray(x, np.float64) for x in (global_grad, global_curv))
     _check_finite([global_grad, global_curv], "the prior / global terms")
     sums = {}

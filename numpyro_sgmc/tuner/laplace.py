@@ -33,9 +33,9 @@ from jax import lax
 
 from numpyro_sgmc import host, scales
 from numpyro_sgmc.compilation import one_shot_jit
-from numpyro_sgmc.data.gradients import exact_gradient
+from numpyro_sgmc.data.files import rows_in_memory
 from numpyro_sgmc.data.model import SubsampledModel, potential, split_args
-from numpyro_sgmc.data.streaming import rows_in_memory
+from numpyro_sgmc.data.passes import exact_gradient
 from numpyro_sgmc.data.subsample import Batch
 from numpyro_sgmc.diagnostics import ConvergenceWarning, LinearizationWarning, warn
 from numpyro_sgmc.kernels.curvature import random_rows

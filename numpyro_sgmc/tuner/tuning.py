@@ -7,7 +7,9 @@ model with a subsample plate; the model is traced once and passed down:
    each parameter's natural scale, from the model's init strategy (the prior median by
    default) or ``init_params``; above
    :data:`~numpyro_sgmc.tuner.rows.WARM_START_SAMPLE_ROWS` rows on a uniform sample of that
-   many, whose mode the Newton steps of step 2 carry to the data's;
+   many (with ``batch_sampling="blocks"``, rows in random order, in
+   :data:`~numpyro_sgmc.tuner.rows.WARM_START_BLOCKS` runs of consecutive rows: from a file,
+   a few reads), whose mode the Newton steps of step 2 carry to the data's;
 2. **the local picture** (:func:`~numpyro_sgmc.tuner.laplace.fit`): ``J``, ``I``, ``S = J⁻¹IJ⁻¹`` at
    the mode polished by Newton steps, with rows added until the prediction's own error is
    under ``tolerance``, the control-variate noise, and a check that the quadratic holds;
@@ -50,6 +52,7 @@ from numpyro.infer.initialization import init_to_mean, init_to_value
 from numpyro_sgmc import host, scales, theory
 from numpyro_sgmc.compilation import one_shot_jit
 from numpyro_sgmc.data import validation
+from numpyro_sgmc.data.files import first_rows
 from numpyro_sgmc.data.model import (
     Layout,
     constrain,
@@ -68,7 +71,13 @@ from numpyro_sgmc.tuner.fisher import plate_noise
 from numpyro_sgmc.tuner.laplace import Problem, fit
 from numpyro_sgmc.tuner.options import AutotuneOptions
 from numpyro_sgmc.tuner.report import TuningReport
-from numpyro_sgmc.tuner.rows import INFORMATION_ROWS, WARM_START_SAMPLE_ROWS, Stream, halvings
+from numpyro_sgmc.tuner.rows import (
+    INFORMATION_ROWS,
+    WARM_START_BLOCKS,
+    WARM_START_SAMPLE_ROWS,
+    Stream,
+    halvings,
+)
 from numpyro_sgmc.tuner.warmstart import WarmStart, warm_start_of
 
 __all__ = ["AutotuneOptions", "autotune", "noise_estimate_error"]
@@ -174,23 +183,34 @@ def autotune(
     ).check()  # fmt: skip
     model_args, model_kwargs = validation.as_arrays(model, model_args, model_kwargs)
     key_prepare, key_warm, key_info = host.split_key(rng_key, 3)
-    prepared = prepare_model(
-        host.key_batch(key_prepare, options.num_restarts),
-        model,
-        model_args,
-        model_kwargs,
-        batch_size=options.batch_size,
-        init_strategy=options.init_strategy,
-    )
-    _check_rows_for(prepared.plates, weights)
-    if warm is None:
-        # no convergence check: the Newton steps of the fit measure the same distance with
-        # the J estimated there anyway
-        warm = warm_start_of(
-            prepared, key_warm, model_args, model_kwargs, options.warm_start_epochs,
-            options.num_restarts, options.learning_rate, init_params=options.init_params,
-            check=False, rescale=True, max_rows=WARM_START_SAMPLE_ROWS,
-        )  # fmt: skip
+    # rows in random order: the warm start's sample in runs of them (a few reads from a file)
+    blocks = WARM_START_BLOCKS if options.batch_sampling == "blocks" else None
+    # files are checked for non-finite rows by the warm start's pass over every row, not by a
+    # pass of their own (numpyro_sgmc.data.passes); the check after it is then free
+    try:
+        with validation.file_checks_deferred():
+            prepared = prepare_model(
+                host.key_batch(key_prepare, options.num_restarts),
+                model,
+                model_args,
+                model_kwargs,
+                batch_size=options.batch_size,
+                init_strategy=options.init_strategy,
+            )
+            _check_rows_for(prepared.plates, weights)
+            if warm is None:
+                # no convergence check: the Newton steps of the fit measure the same distance
+                # with the J estimated there anyway
+                warm = warm_start_of(
+                    prepared, key_warm, model_args, model_kwargs, options.warm_start_epochs,
+                    options.num_restarts, options.learning_rate,
+                    init_params=options.init_params, check=False, rescale=True,
+                    max_rows=WARM_START_SAMPLE_ROWS, sample_blocks=blocks,
+                )  # fmt: skip
+    except FloatingPointError:  # non-finite rows in the warm start's sample: say which
+        validation.check_finite_data(model, model_args, model_kwargs)
+        raise
+    validation.check_finite_data(model, model_args, model_kwargs)
     problem = Problem(
         prepared._replace(init_params=warm.member(0)), model_args, model_kwargs, options, key_info
     )
@@ -501,7 +521,7 @@ def _delta_method(problem, mode, covariance):
     arrays, structure = split_args(problem.model_args, problem.model_kwargs)
     jac = _jacobian(
         prepared.spec, structure, prepared.layout, tuple(prepared.latent_sites),
-        prepared.layout.ravel(mode), arrays,
+        prepared.layout.ravel(mode), first_rows(arrays, prepared.plates),
     )  # fmt: skip
     jac = np.asarray(jac, np.float64)
     return jac @ np.asarray(covariance.matrix) @ jac.T

@@ -42,9 +42,9 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro_sgmc import host
 from numpyro_sgmc.data import validation
 from numpyro_sgmc.data.batches import batch_sampler
-from numpyro_sgmc.data.gradients import exact_gradient
+from numpyro_sgmc.data.files import first_rows, rows_in_memory
 from numpyro_sgmc.data.model import constrained, potential, prepare_model, split_args
-from numpyro_sgmc.data.streaming import rows_in_memory
+from numpyro_sgmc.data.passes import exact_gradient
 from numpyro_sgmc.diagnostics import ConvergenceWarning, warn
 from numpyro_sgmc.tuner.fisher import information_of
 from numpyro_sgmc.tuner.laplace import DENSE_MAX_DIM
@@ -187,7 +187,7 @@ def _optimise(
     """``K`` optimizer runs, vectorised, in the coordinates ``u`` of ``z = z0 + scale ⊙ u``
     (flat); the data are arguments, not compiled-in constants. Returns the tail average, the
     last minibatch gradient and Adam's moments, all in ``z`` (the full-data gradient at the
-    mode is :func:`~numpyro_sgmc.data.gradients.exact_gradient`'s, a program the Newton polish
+    mode is :func:`~numpyro_sgmc.data.passes.exact_gradient`'s, a program the Newton polish
     compiles anyway).
 
     ``sampled``: the plates the epochs run over, of the sizes of ``rows`` (plate name -> the
@@ -278,12 +278,13 @@ def _scales(prepared, rng_key, model_args, model_kwargs, z0, num_rows=WARM_START
     if not dense:
         signs = Stream.WARM_START_PROBES.rng(rng_key).integers(0, 2, (PROBES, layout.size))
         probes = host.device_array(2 * signs - 1, z0.dtype)
+    first = first_rows(arrays, spec.plates)  # the prior's terms read no row
     out = []
     for zf in np.asarray(z0):
         zf = host.device_array(zf)
         fisher = np.asarray(fisher_diagonal(spec, structure, layout, zf, rows, sample_arrays))
         kind = "dense" if dense else "diagonal"
-        _, prior = global_terms(spec, structure, layout, kind, zf, probes, arrays)
+        _, prior = global_terms(spec, structure, layout, kind, zf, probes, first)
         prior = np.diag(np.asarray(prior)) if dense else np.asarray(prior).mean(axis=0)
         curvature = fisher + np.maximum(prior, 0.0) / spec.num_data
         positive = curvature[curvature > 0]
@@ -382,6 +383,7 @@ def warm_start_of(
     chunk_size=65536,
     rescale=False,
     max_rows=None,
+    sample_blocks=None,
 ) -> WarmStart:
     """:func:`warm_start` on a prepared model whose ``init_params`` carry the restart axis.
 
@@ -391,14 +393,15 @@ def warm_start_of(
     twice. With ``max_rows`` and more rows than that, the ``num_epochs`` run over a uniform
     sample of about ``max_rows`` rows (without replacement; ``_optimise``), for at least
     ``_MIN_ITERATIONS`` steps, and ``WarmStart.num_epochs`` counts them as passes over all the
-    data.
+    data; with ``sample_blocks``, the sample is that many runs of consecutive rows (for rows in
+    random order, :func:`~numpyro_sgmc.tuner.rows.choose_rows`).
     """
     if not num_epochs > 0:
         raise ValueError(f"num_epochs must be positive, got {num_epochs!r}.")
     spec, layout = prepared.spec, prepared.layout
     n, b = spec.num_data, spec.batch_size
     key_run, key_check, key_scale = host.split_key(rng_key, 3)
-    rows, sampled = _row_sample(spec.plates, max_rows, key_scale)
+    rows, sampled = _row_sample(spec.plates, max_rows, key_scale, sample_blocks)
     num_iterations = math.ceil(num_epochs * sum(p.size for p in sampled) / b)
     # on a sample, still the iterations Adam needs (or those of all the rows, if fewer)
     num_iterations = max(1, num_iterations, min(math.ceil(num_epochs * n / b), _MIN_ITERATIONS))
@@ -408,7 +411,9 @@ def warm_start_of(
         else _restart_axis(init_params, prepared.init_params, num_restarts)
     )
     arrays, structure = split_args(model_args, model_kwargs)
-    sample_arrays, rows = rows_in_memory(arrays, spec.plates, rows)
+    every = {p.name: rows.get(p.name) for p in spec.plates}  # None: all of a plate's rows
+    sample_arrays, every = rows_in_memory(arrays, spec.plates, every)
+    rows = {name: every[name] for name in rows}
     z0f = layout.ravel(z0)
     scale = _scales(prepared, key_scale, model_args, model_kwargs, z0f) if rescale else None
     scale = host.device_array(np.ones(z0f.shape), z0f.dtype) if scale is None else scale
@@ -437,9 +442,8 @@ def warm_start_of(
         )
     args, kwargs = tuple(model_args), dict(model_kwargs or {})
     modes = [host.take(z, k) for k in range(num_restarts)]
-    passes = [exact_gradient(spec, m, args, kwargs, int(chunk_size)) for m in modes]
-    grads = [g for _, g in passes]
-    gradient = {k: host.device_array(np.stack([np.asarray(g[k]) for g in grads])) for k in z}
+    # one pass for every restart's mode (from files, one read of them)
+    potentials, gradient = exact_gradient(spec, z, args, kwargs, int(chunk_size), batched=True)
     distance = np.full(num_restarts, np.nan)
     d = prepared.layout.size
     if check:
@@ -474,7 +478,7 @@ def warm_start_of(
         num_epochs=num_iterations * b / n,
         plates=spec.plates,
         final_gradient=last_grad,
-        potential=np.array([float(u) for u, _ in passes]),
+        potential=np.asarray(potentials, np.float64),
         sample_size=sum(p.size for p in sampled) if rows else None,
     )
     if check and not np.all(converged):
@@ -493,11 +497,11 @@ def warm_start_of(
 _MIN_ITERATIONS = 1000  # Adam's steps on a row sample, at least
 
 
-def _row_sample(plates, max_rows, rng_key) -> tuple:
+def _row_sample(plates, max_rows, rng_key, blocks=None) -> tuple:
     """``(rows, sampled)``: plate name -> the sample's row indices (a device array), for the
     plates sampled, and the plates with the sample's sizes. About ``max_rows`` rows in all
     (``None``: every row); a plate whose share would be below its batch keeps all its rows."""
-    sample = choose_rows(plates, max_rows, rng_key, Stream.WARM_START_SAMPLE)
+    sample = choose_rows(plates, max_rows, rng_key, Stream.WARM_START_SAMPLE, blocks)
     rows, sampled = {}, []
     for p in plates:
         r = sample[p.name]
