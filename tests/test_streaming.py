@@ -289,30 +289,35 @@ def test_the_row_order_check_reads_its_batches_from_the_file(tmp_path, problem):
 
 def test_a_pass_over_files_is_the_pass_in_memory(tmp_path, monkeypatch):
     """The exact potential and gradient over two plates of files, read in host chunks of
-    uneven lengths (2000 and 500 rows in 8 chunks: the last ones padded), at one point and at
-    three at once, against the compiled pass over the same rows in memory."""
+    parts of whole multiples of 64 rows (2000 and 500 rows: the last chunks padded, some
+    wholly), one part to a chunk or several scanned, at one point and at three at once, against the compiled pass over the same rows
+    in memory."""
     from numpyro_sgmc.data import passes
     from numpyro_sgmc.data.model import prepare_model
 
-    monkeypatch.setattr(passes, "CHUNK_BYTES", 1000)
     y1, y2 = (np.asarray(a, np.float32) for a in make_two_groups()[:2])
     on_files = tuple(_on_disk(tmp_path, y1=y1, y2=y2))
     spec = prepare_model(jax.random.key(0), two_groups, (y1, y2), {}).spec
     points = {"delta": np.array([0.3, -1.0, 2.0], np.float32), "mu": np.float32([0.5, 0, 1])}
-    chunks = passes._partition(spec, on_files, files.fed_rows(on_files, spec.plates), 65536)
-    assert chunks.count == 8 and chunks.lengths == {"a": 250, "b": 63}
-    for k in range(3):
-        point = {name: jax.numpy.asarray(v[k]) for name, v in points.items()}
-        u, g = passes.exact_gradient(spec, point, (y1, y2), {})
-        u_file, g_file = passes.exact_gradient(spec, point, on_files, {})
-        assert u_file == pytest.approx(float(u), rel=1e-6)
-        for name in g:
-            np.testing.assert_allclose(g_file[name], g[name], rtol=1e-5, atol=1e-7)
-    u3, g3 = passes.exact_gradient(spec, points, (y1, y2), {}, batched=True)
-    u3_file, g3_file = passes.exact_gradient(spec, points, on_files, {}, batched=True)
-    np.testing.assert_allclose(u3_file, u3, rtol=1e-6)
-    for name in g3:
-        np.testing.assert_allclose(g3_file[name], g3[name], rtol=1e-5, atol=1e-7)
+    fed = files.fed_rows(on_files, spec.plates)
+    for chunk_bytes, chunk_size, partition in [
+        (1300, 65536, passes._Chunks(8, 1, {"a": 256, "b": 64})),
+        (4000, 150, passes._Chunks(3, 5, {"a": 192, "b": 64})),
+    ]:
+        monkeypatch.setattr(passes, "CHUNK_BYTES", chunk_bytes)
+        assert passes._partition(spec, on_files, fed, chunk_size) == partition
+        for k in range(3):
+            point = {name: jax.numpy.asarray(v[k]) for name, v in points.items()}
+            u, g = passes.exact_gradient(spec, point, (y1, y2), {})
+            u_file, g_file = passes.exact_gradient(spec, point, on_files, {}, chunk_size)
+            assert u_file == pytest.approx(float(u), rel=1e-6)
+            for name in g:
+                np.testing.assert_allclose(g_file[name], g[name], rtol=1e-5, atol=1e-7)
+        u3, g3 = passes.exact_gradient(spec, points, (y1, y2), {}, batched=True)
+        u3_file, g3_file = passes.exact_gradient(spec, points, on_files, {}, chunk_size, True)
+        np.testing.assert_allclose(u3_file, u3, rtol=1e-6)
+        for name in g3:
+            np.testing.assert_allclose(g3_file[name], g3[name], rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.filterwarnings("ignore::numpyro_sgmc.diagnostics.LinearizationWarning")
