@@ -118,6 +118,7 @@ def test_a_random_start_on_raw_covariates_falls_back_to_a_finite_one():
     assert np.all(np.isfinite(flat)) and np.all(flat == 0.0)
 
 
+@pytest.mark.slow  # 18 s: the quick suite's budget
 def test_a_prior_draw_that_overflows_the_first_trace_is_not_an_error():
     """NB2 on raw covariates: for key 2 the N(0, 10²) prior draw overflows ``exp(X @ beta)``
     and NumPyro's plain trace raises "Gamma distribution got invalid rate parameter"; the
@@ -264,6 +265,7 @@ def test_a_profile_with_a_wall_on_one_side_is_measured_not_called_modeless():
     assert profile_moments(steps, steps**2 / 2) == pytest.approx((0.0, 1.0), abs=1e-6)
 
 
+@pytest.mark.slow  # 26 s: the quick suite's budget
 def test_a_thin_class_held_by_its_prior_gets_an_error_that_covers_it():
     """The thin class's night coefficient: NUTS's sd is about 1.4 times the Laplace's. The
     report says so (a LinearizationWarning with the profile's width, not "no finite mode")
