@@ -10,17 +10,20 @@ exactly.
 * **Data in memory**: one compiled program over the arrays, a scan over the chunks
   (:func:`~numpyro_sgmc.data.gradients.full_data_gradient`).
 * **File-backed data** (:func:`~numpyro_sgmc.data.files.file_backed`): no compiled program
-  takes the file. A background thread reads the next chunk's rows of every per-row argument
-  (:func:`~numpyro_sgmc.data.files.fed_rows`) as one contiguous slice each, while one
-  compiled program of a chunk's shape evaluates the chunk before it; the chunks' sums are
-  added on the host in float64. Memory holds two chunks (:data:`CHUNK_BYTES` each, or
-  ``chunk_size`` rows if fewer), whatever ``n``, and an accelerator receives one chunk at a
-  time instead of a copy of the file.
+  takes the file whole. The rows are cut into host chunks of at most :data:`CHUNK_BYTES`,
+  each of parts of at most ``chunk_size`` rows; one compiled program evaluates a chunk (a
+  scan over its parts) while a background thread prepares the next (:class:`_ChunkReader`:
+  a ``.npy`` file's chunk is a view of the map whose pages are read ahead; a zarr array's is
+  read into memory), and the chunks' sums are added on the host in float64 (at ``n = 10⁸`` a
+  float32 sum of the potential was 880 nats off). Memory holds two chunks whatever ``n``, and
+  an accelerator receives one chunk at a time instead of a copy of the file. Measured on
+  this project's machine, a pass over 10⁸ rows (4.4 GB, beyond the page cache): 3.3 s, as
+  fast as one compiled program over the whole memory map (3.1-3.6 s).
 
-Each chunk read from a file is checked for NaN and infinite rows on the way, so a pass over a
-file is also its data check (``numpyro_sgmc.data.validation.record_file_counts``): the
-tuner's first pass replaces the check's own pass over the file, and a non-finite row found
-there raises the data check's message, with the row.
+The chunk program also counts each chunk's rows with a NaN or an infinite value, so a pass
+over a file is its data check too (``numpyro_sgmc.data.validation.record_file_counts``):
+``autotune``'s first pass replaces the check's own pass over the file, and a non-finite row
+found there raises the data check's message, with the row.
 """
 
 from __future__ import annotations
