@@ -290,8 +290,8 @@ def test_the_row_order_check_reads_its_batches_from_the_file(tmp_path, problem):
 def test_a_pass_over_files_is_the_pass_in_memory(tmp_path, monkeypatch):
     """The exact potential and gradient over two plates of files, read in host chunks of
     parts of whole multiples of 64 rows (2000 and 500 rows: the last chunks padded, some
-    wholly), one part to a chunk or several scanned, at one point and at three at once, against the compiled pass over the same rows
-    in memory."""
+    wholly), one part to a chunk or several scanned, at one point and at three at once,
+    against the compiled pass over the same rows in memory."""
     from numpyro_sgmc.data import passes
     from numpyro_sgmc.data.model import prepare_model
 
@@ -459,3 +459,33 @@ def test_zarr_errors_name_the_row_and_the_fix(tmp_path, monkeypatch):
     monkeypatch.setattr(files, "MAX_DRAW_BYTES", 1000)
     with pytest.raises(ValueError, match=r"a zarr array is only read by rows into memory"):
         run_kernel(SGLD(linear_regression, 1e-4), jax.random.key(0), Xz, yz, num_samples=5)
+
+
+@pytest.mark.filterwarnings("ignore::numpyro_sgmc.diagnostics.LinearizationWarning")
+def test_with_blocks_the_warm_start_reads_runs_of_rows(tmp_path, monkeypatch):
+    """With batch_sampling="blocks" (rows in random order) the warm start's sample is 64 runs
+    of consecutive rows, disjoint, read from the file as such; the tuner on files computes
+    what it computes on the same rows in memory."""
+    import numpyro_sgmc.tuner.tuning as tuning
+
+    monkeypatch.setattr(tuning, "WARM_START_SAMPLE_ROWS", 640)
+    gathered = []
+    take_rows = files.take_rows
+    monkeypatch.setattr(
+        files, "take_rows", lambda x, rows: gathered.append(np.asarray(rows)) or take_rows(x, rows)
+    )
+    data = make_linear_regression(n=4000, seed=3)
+    X, y = np.asarray(data.X), np.asarray(data.y)
+    memory = autotune(linear_regression, jax.random.key(0), X, y, batch_sampling="blocks")[1]
+    assert not gathered
+    on_disk = _on_disk(tmp_path, X=X, y=y)
+    on_files = autotune(linear_regression, jax.random.key(0), *on_disk, batch_sampling="blocks")[1]
+    sample = next(rows for rows in gathered if len(rows) == 640)
+    runs = sample.reshape(64, 10)  # in file order: 64 distinct aligned slots of 10 rows
+    assert np.all(runs == runs[:, :1] + np.arange(10)) and np.all(runs[:, 0] % 10 == 0)
+    assert len(np.unique(runs[:, 0])) == 64
+    assert on_files.row == memory.row and on_files.batch_size == memory.batch_size
+    np.testing.assert_allclose(on_files.mode["theta"], memory.mode["theta"], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        on_files.covariance.as_matrix(3), memory.covariance.as_matrix(3), rtol=1e-3
+    )
