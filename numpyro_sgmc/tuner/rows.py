@@ -37,6 +37,7 @@ __all__ = [
     "WARM_START_CHECK_ROWS",
     "WARM_START_ROWS",
     "WARM_START_BLOCKS",
+    "WARM_START_RUNS_SHARE",
     "WARM_START_SAMPLE_ROWS",
     "Stream",
     "batch_sizes",
@@ -70,6 +71,10 @@ WARM_START_ROWS = 1_024
 WARM_START_BLOCKS = 64
 """Runs of consecutive rows the warm start's sample is made of with
 ``batch_sampling="blocks"`` (:func:`choose_rows`)."""
+
+WARM_START_RUNS_SHARE = 1 / 32
+"""The share of the rows the warm start's sample takes when it is runs of rows (with
+``batch_sampling="blocks"``, cheap to read), if more than :data:`WARM_START_SAMPLE_ROWS`."""
 
 WARM_START_SAMPLE_ROWS = 2**20
 """Above this many rows, autotune's warm start optimises on a uniform sample of this many:
