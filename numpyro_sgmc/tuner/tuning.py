@@ -242,7 +242,11 @@ def _warm_sample_rows(plates, model_args, model_kwargs, blocks) -> int:
         return WARM_START_SAMPLE_ROWS
     sizes = {p.size for p in plates}
     arrays, _ = split_args(model_args, model_kwargs)
-    row_bytes = sum(a[:1].nbytes for a in arrays if np.ndim(a) and np.shape(a)[0] in sizes)
+    row_bytes = sum(
+        math.prod(np.shape(a)[1:]) * np.dtype(a.dtype).itemsize
+        for a in arrays
+        if np.ndim(a) and np.shape(a)[0] in sizes
+    )
     share = int(sum(sizes) * WARM_START_RUNS_SHARE)
     return max(WARM_START_SAMPLE_ROWS, min(share, MAX_DRAW_BYTES // max(row_bytes, 1)))
 
