@@ -409,6 +409,7 @@ def test_a_mode_not_reached_leaves_the_prediction_without_an_error_bar(monkeypat
     assert "Newton steps stopped" in said, said
 
 
+@pytest.mark.slow  # 10-23 s: the quick suite's 10 minutes
 def test_the_run_takes_the_tuners_centre_gradient_on_the_same_data_only(tmp_path):
     """On the data it was tuned on (the same memory-mapped files, the same JAX arrays, or small
     NumPy arrays of the same values), a tuned kernel's control-variate centre is the tuner's

@@ -37,6 +37,7 @@ def _check(X, y, key=0, **autotune_kwargs):
     return report, mcmc
 
 
+@pytest.mark.slow  # 10-23 s: the quick suite's 10 minutes
 def test_a_prediction_known_to_tens_of_percent_cannot_pass(thin_category):
     # 100-200 information rows hold 2-4 of the rare category's: its sd is known to tens of
     # percent. The tuner doubles the rows where its estimates ask for it, up to all of them
@@ -61,6 +62,7 @@ def test_the_same_model_measured_well_passes(thin_category):
     assert not check.unchecked
 
 
+@pytest.mark.slow  # 10-23 s: the quick suite's 10 minutes
 def test_fresh_rows_are_not_independent_when_the_tuner_used_every_row(thin_category):
     X, y = thin_category
     report, mcmc = _check(X[:2000], y[:2000], num_rows=None)

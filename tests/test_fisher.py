@@ -323,6 +323,7 @@ def test_every_part_draws_from_its_own_stream():
     )
 
 
+@pytest.mark.slow  # 10-23 s: the quick suite's 10 minutes
 def test_the_control_variate_noise_states_its_probes_error():
     """Above 64 parameters the control-variate noise comes from random probes of ``N(0, Σ)``;
     the relative error it states for each diagonal entry (from the probes' spread) is the

@@ -233,6 +233,7 @@ _PHASES = _PRELUDE + textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # 10-23 s: the quick suite's 10 minutes
 def test_ctrl_c_in_every_phase_is_prompt_and_never_crashes(tmp_path):
     """SIGINT at random times, in bursts of two or three, in autotune, MCMC.run with NumPyro's
     progress bar and (a single one) without, and run_kernel writing a checkpoint after every

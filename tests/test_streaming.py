@@ -81,6 +81,7 @@ def test_file_backed_draws_are_the_in_memory_draws(
     assert from_file.num_draws == in_memory.num_draws == 23 + 40 * 3
 
 
+@pytest.mark.slow  # 10-23 s: the quick suite's 10 minutes
 def test_two_plates_from_files_sample_the_exact_posterior(tmp_path):
     """Two plates of 2000 and 500 rows, both memory-mapped, through autotune, run_kernel and
     check_run; the draws against the exact Gaussian posterior within Monte Carlo error."""
@@ -390,6 +391,7 @@ def _in_zarr(tmp_path, chunk_rows=128, **arrays):
     return out
 
 
+@pytest.mark.slow  # 10-23 s: the quick suite's 10 minutes
 @pytest.mark.filterwarnings("ignore::numpyro_sgmc.diagnostics.LinearizationWarning")
 @pytest.mark.filterwarnings("ignore::numpyro_sgmc.diagnostics.CentreWarning")
 def test_zarr_arrays_go_through_the_recipe_as_files_do(tmp_path):

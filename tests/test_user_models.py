@@ -245,6 +245,7 @@ def logistic_cauchy(X, y=None):
         numpyro.sample("y", dist.Bernoulli(logits=Xb @ beta), obs=yb)
 
 
+@pytest.mark.slow  # 10-23 s: the quick suite's 10 minutes
 def test_separable_classes_under_a_heavy_tailed_prior_are_said():
     """Under a Cauchy prior the mode of separable classes is at β₀ ≈ 1600, in a log posterior
     that is nearly flat for hundreds of units: the tuner says it found no mode, instead of

@@ -136,6 +136,7 @@ def _newton_mode(X, y, rows, scale):
     return theta
 
 
+@pytest.mark.slow  # 10-23 s: the quick suite's 10 minutes
 def test_a_warm_start_on_a_row_sample_finds_the_samples_mode_and_autotune_the_datas(
     logistic, monkeypatch
 ):
