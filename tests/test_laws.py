@@ -271,7 +271,7 @@ def _mass(p):
 SLOW_LAWS = {
     "SGHMC-dense-control-variates-tempered", "SGLD-diagonal", "SGLD-dense-drift-diagonal-noise",
     "SGLD-identity-posterior", "SGHMC-identity", "SGD-dense-sandwich", "SGLDFP-dense-hessian-term",
-    "SGLD-identity-large-step",
+    "SGLD-identity-large-step", "SGLDFP-identity-posterior", "SGHMC-diagonal-friction",
 }  # fmt: skip
 
 

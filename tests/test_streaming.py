@@ -48,7 +48,11 @@ def reads(monkeypatch):
     "kernel, num_chains",
     [
         (SGLD(linear_regression, 1e-3, num_steps=3), 1),
-        (SGLDFP(linear_regression, 1e-3, num_steps=3, batch_sampling="epochs"), 3),
+        pytest.param(  # 10 s: the quick suite's 10 minutes
+            SGLDFP(linear_regression, 1e-3, num_steps=3, batch_sampling="epochs"),
+            3,
+            marks=pytest.mark.slow,
+        ),
         (SGHMC(linear_regression, 5e-4, num_steps=3, batch_sampling="without_replacement"), 2),
         (SGLDFP(linear_regression, 1e-3, num_steps=3, batch_sampling="blocks"), 2),
     ],
