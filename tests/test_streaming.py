@@ -185,6 +185,32 @@ def test_a_file_written_to_during_a_run_is_an_error(tmp_path, problem, reads, mo
         run_kernel(kernel, jax.random.key(0), X, y, num_samples=100)
 
 
+def test_a_zarr_array_changed_during_a_run_is_an_error(tmp_path, problem, reads, monkeypatch):
+    """A zarr array is read anew for every feed: a chunk rewritten, or deleted (which zarr
+    would read as its fill value), during the run is an error at the next feed."""
+    pytest.importorskip("zarr")
+    kernel = SGLD(linear_regression, 1e-3, num_steps=3)
+    gather = streaming.RowFeed._gather
+    for change in ("rewrite", "delete"):
+        (tmp_path / change).mkdir()
+        X, y = _in_zarr(tmp_path / change, X=np.asarray(problem.X), y=np.asarray(problem.y))
+
+        def changed(self, indices, steps, change=change, y=y):  # another process, mid-run
+            if len(reads) == 3:
+                chunk = next(p for p in (tmp_path / change / "y.zarr").rglob("*")
+                             if p.is_file() and p.name != "zarr.json")  # fmt: skip
+                if change == "delete":
+                    chunk.unlink()
+                else:
+                    chunk.write_bytes(chunk.read_bytes())
+            return gather(self, indices, steps)
+
+        monkeypatch.setattr(streaming.RowFeed, "_gather", changed)
+        reads.clear()
+        with pytest.raises(ValueError, match=r"y\.zarr' changed during the run .*fill value"):
+            run_kernel(kernel, jax.random.key(0), X, y, num_samples=100)
+
+
 def _standardised_in_the_model(X, y=None):
     theta = numpyro.sample("theta", dist.Normal(0.0, 10.0).expand([X.shape[1]]).to_event(1))
     Z = (X - X.mean(0)) / X.std(0)  # the whole argument: in memory every row, fed the batch's

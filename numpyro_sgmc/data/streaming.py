@@ -55,7 +55,8 @@ from numpyro_sgmc.data.files import (
 from numpyro_sgmc.data.gradients import sampler_state
 from numpyro_sgmc.data.model import potential
 from numpyro_sgmc.data.subsample import first_batch
-from numpyro_sgmc.data.validation import file_position, zarr_array
+from numpyro_sgmc.data.validation import file_position, zarr_array, zarr_version
+from numpyro_sgmc.host import empty_aligned
 
 __all__ = [
     "FEED_BYTES",
@@ -67,8 +68,8 @@ __all__ = [
     "runner",
 ]
 
-FEED_BYTES = 2**25
-"""Bytes of rows one feed holds (32 MB), or one kept draw's (``thinning`` draws) if more."""
+FEED_BYTES = 2**26
+"""Bytes of rows one feed holds (64 MB), or one kept draw's (``thinning`` draws) if more."""
 
 _RUNNER = contextvars.ContextVar("numpyro_sgmc_runner", default=False)
 
@@ -261,11 +262,6 @@ class BlockFile:
         os.close(self.fd)
 
 
-def _contiguous(idx, n: int) -> bool:
-    """Whether every batch (last axis) of ``idx`` is consecutive rows, wrapping after ``n``."""
-    return bool(np.all(idx == (idx[..., :1] + np.arange(idx.shape[-1])) % n))
-
-
 class RowFeed:
     """The rows of each coming chunk's batches, read from the host arrays on a background
     thread (module docstring).
@@ -296,6 +292,8 @@ class RowFeed:
         self.num_steps = num_steps
         files = {_filename(x) for x in self.sources} - {None}
         self.files = {f: _stat(f) for f in files}
+        # a zarr array is read anew at every feed: each read is checked against its version
+        self.versions = [zarr_version(x) if zarr_array(x) else None for x in self.sources]
         if method != "blocks":  # scattered rows: a page each, without the kernel's read-ahead
             self.sources = [
                 random_access(x, num_chains * self.length * batch[name])
@@ -331,7 +329,8 @@ class RowFeed:
     def check_files(self):
         """A file written to in place during the run is an error: its later batches would be
         of other data than the earlier ones. (A file deleted or replaced by another is not:
-        the memory map still reads the data it was opened on.)"""
+        the memory map still reads the data it was opened on.) A zarr array on a local store
+        is checked after each feed's read (:meth:`_gather`), any change an error."""
         for filename, before in self.files.items():
             now = _stat(filename)
             if now is None or before is None or now[0] != before[0]:
@@ -367,6 +366,9 @@ class RowFeed:
         return self.pool.submit(lambda: (self._gather(indices, steps), draws))
 
     def _gather(self, indices, steps):
+        """The feed's rows of every fed argument, read into buffers that the CPU backend takes
+        in place (:func:`~numpyro_sgmc.host.empty_aligned`); the steps past ``steps`` are
+        left unread."""
         out, used = [], {}
         for name, source, block in zip(self.fed.plates, self.sources, self.blocks, strict=True):
             if name not in used:  # the steps this read is for, of every chain
@@ -375,32 +377,38 @@ class RowFeed:
             idx = used[name]
             lead = (idx.shape[0], self.length) if self.batched else (self.length,)
             dtype = jax.dtypes.canonicalize_dtype(source.dtype)
-            rows = np.empty(lead + idx.shape[-1:] + tuple(source.shape[1:]), dtype)  # rest unread
-            if block is not None and _contiguous(idx, source.shape[0]):
-                taken = self._blocks(block, idx, source)
-            else:
-                taken = take_rows(source, idx.reshape(-1))
-                taken = taken.reshape(idx.shape + tuple(source.shape[1:]))
-            if self.batched:
-                rows[:, :steps] = taken
-            else:
-                rows[:steps] = taken
+            rows = empty_aligned(lead + idx.shape[-1:] + tuple(source.shape[1:]), dtype)
+            part = rows[:, :steps] if self.batched else rows[:steps]
+            if block is not None and dtype == source.dtype:
+                self._blocks(block, idx, part)
+            else:  # a cast, or random rows
+                part[...] = take_rows(source, idx.reshape(-1)).reshape(part.shape)
             out.append(jax.device_put(rows))
+        for source, version in zip(self.sources, self.versions, strict=True):
+            if version is not None and zarr_version(source) != version:
+                raise ValueError(
+                    f"The zarr array at '{version[1]}' changed during the run (the count, size "
+                    "or modification time of its files): a zarr array is read anew for every "
+                    "feed of batches, so its later batches would be of other data than the "
+                    "earlier ones, or of its fill value where chunks were deleted. Leave the "
+                    "data unchanged while a run reads them; write changed data to a new array "
+                    "and run on it."
+                )
         return tuple(out)
 
-    def _blocks(self, block, idx, source):
-        """The rows of batches of consecutive indices, one read per batch, the batches split
-        over the reading threads (a task per batch would cost more than a cached read)."""
-        taken = np.empty(idx.shape + source.shape[1:], source.dtype)
-        batches = taken.reshape((-1,) + idx.shape[-1:] + source.shape[1:])
-        firsts = idx.reshape(-1, idx.shape[-1])[:, 0].tolist()
+    def _blocks(self, block, idx, out):
+        """The batches' rows into ``out``, one read per batch: a ``"blocks"`` batch is
+        consecutive rows (wrapping after the last) by construction
+        (:func:`~numpyro_sgmc.data.batches.batch_sampler`). The batches are split over the
+        reading threads (a task per batch would cost more than a cached read)."""
+        batches = list(np.ndindex(idx.shape[:-1]))
 
         def read(share):
             for k in share:
-                block.read(batches[k], firsts[k])
+                where = batches[k]
+                block.read(out[where], int(idx[where + (0,)]))
 
-        list(self.readers.map(read, np.array_split(np.arange(len(firsts)), READ_THREADS)))
-        return taken
+        list(self.readers.map(read, np.array_split(np.arange(len(batches)), READ_THREADS)))
 
     def close(self):
         self.pool.shutdown(wait=True, cancel_futures=True)

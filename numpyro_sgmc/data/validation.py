@@ -228,14 +228,14 @@ def zarr_array(x) -> bool:
     return type(x).__module__.startswith("zarr.") and hasattr(x, "oindex")
 
 
-def _zarr_version(x):
+def zarr_version(x):
     """A key for the bytes of the zarr array ``x`` on a local store: its directory, the count,
     total size and latest modification time of the files under it, its shape and dtype;
     ``None`` on other stores (their contents are not stat-able here)."""
     root = getattr(x.store, "root", None)
     if root is None:
         return None
-    directory = os.path.join(os.fspath(root), x.path)
+    directory = os.path.normpath(os.path.join(os.fspath(root), x.path))
     count = size = latest = 0
     for folder, _, names in os.walk(directory):
         for name in names:
@@ -287,10 +287,10 @@ def file_position(x):
 
 def _file_version(x):
     """A key for the bytes of the file-backed array ``x``: its file (inode, size, mtime), its
-    first byte's offset there, shape, strides and dtype (a zarr array's :func:`_zarr_version`);
+    first byte's offset there, shape, strides and dtype (a zarr array's :func:`zarr_version`);
     ``None`` for data in memory."""
     if zarr_array(x):
-        return _zarr_version(x)
+        return zarr_version(x)
     position = file_position(x)
     if position is None:
         return None
