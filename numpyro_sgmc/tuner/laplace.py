@@ -181,7 +181,7 @@ def fit(problem: Problem, warm, weights) -> Fit:
         except NotPositiveDefinite as error:
             if settled:
                 raise
-            raise ValueError(_no_mode(error.sites)) from error
+            raise ValueError(_no_mode(error.sites, _NOT_POSITIVE)) from error
     while True:
         error = prediction_error(info, weights)
         worst = float(np.max(error))
@@ -209,6 +209,9 @@ def fit(problem: Problem, warm, weights) -> Fit:
     )  # fmt: skip
     visited += cv_rows
     findings = linearity(problem, mode, target, exact=exact)
+    flat = [f.label for f in findings if not math.isfinite(f.sd_ratio)]
+    if flat and not settled:  # neither the steps nor the profile found a mode: no kernel
+        raise ValueError(_no_mode(flat, _NO_RISE))
     error = np.sqrt(error**2 + linearity_error(findings, target) ** 2)
     if unreached > UNREACHED_SDS:  # a picture linearised away from the mode: no error bar
         error = np.full(d, np.inf)
@@ -223,20 +226,28 @@ def fit(problem: Problem, warm, weights) -> Fit:
     )  # fmt: skip
 
 
-def _no_mode(sites) -> str:
-    """Why there is nothing to tune at when the polish stopped where ``J`` is not positive
-    definite along ``sites``, and the fixes."""
+_NOT_POSITIVE = "J + J_prior is not positive definite in the direction of {}"
+_NO_RISE = (
+    "the log posterior does not rise on one side along {} (the LinearizationWarning above), "
+    "so the step and batch tuned there would be for a curvature the posterior does not have"
+)
+
+
+def _no_mode(sites, where: str) -> str:
+    """Why there is nothing to tune at when the polish did not settle and, where it stopped,
+    ``where`` (:data:`_NOT_POSITIVE` or :data:`_NO_RISE`) holds along ``sites``; the fixes."""
     return (
         "autotune found no mode to linearise at: the damped Newton steps after the warm start "
-        "did not settle (the ConvergenceWarning above), and where they stopped J + J_prior "
-        f"is not positive definite in the direction of {', '.join(sites)}. The tuner "
-        "predicts a Gaussian at a mode, and this posterior is not near-Gaussian around any "
-        "point they reached: a ridge or a funnel. A common cause is a non-centred hierarchy "
-        "(alpha = mu + tau * z) whose groups are well observed: its posterior curves along "
-        "the group scale, and its joint mode, held there by the scale's prior, is far from "
-        "where the posterior is. Write such a hierarchy centred (alpha ~ Normal(mu, tau)), "
-        "which is near-Gaussian when every group has many rows; otherwise give these sites "
-        "a more informative prior, or run the warm start longer (warm_start_epochs)."
+        "did not settle (the ConvergenceWarning above), and where they stopped "
+        f"{where.format(', '.join(sites))}. The tuner predicts a Gaussian at a mode, and this "
+        "posterior is not near-Gaussian around any point they reached: a ridge, a funnel or "
+        "a flat direction. A common cause is a non-centred hierarchy (alpha = mu + tau * z) "
+        "whose groups are observed by tens of rows or more: its posterior curves along the "
+        "group scale, and its joint mode, held there by the scale's prior, is far from where "
+        "the posterior is. Write such a hierarchy centred (alpha ~ Normal(mu, tau)), which is "
+        "near-Gaussian when every group has many rows; otherwise (separable classes, a flat "
+        "likelihood) give these sites a more informative prior, or run the warm start longer "
+        "(warm_start_epochs)."
     )
 
 
