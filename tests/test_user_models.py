@@ -262,9 +262,12 @@ def test_separable_classes_under_a_heavy_tailed_prior_are_said():
     X, y = separable()
     with (
         pytest.warns(LinearizationWarning, match="does not rise on one side"),
-        pytest.raises(ValueError, match=r"found no mode.*does not rise on one side along beta"
-                      r".*\(separable classes, a flat likelihood\) give these sites a more "
-                      r"informative prior"),  # fmt: skip
+        pytest.raises(
+            ValueError,
+            match=r"found no mode.*does not rise on one side along beta"
+            r".*\(separable classes, a flat likelihood\) give these sites a more "
+            r"informative prior",
+        ),  # fmt: skip
     ):
         autotune(logistic_cauchy, jax.random.key(0), X, y)
 
