@@ -84,6 +84,10 @@ UNREACHED_SDS = 1.0
 """Posterior sds from the mode beyond which an unsettled polish leaves the predictions
 without an error bar: ``check_run``'s own bound on a run's mean from the tuning's mode."""
 
+VISITED_RISE = 4.5
+"""A probe of the linearity profile whose potential has risen by at most this much (in the
+target's quadratic units, ``½t²`` for a Gaussian: 4.5 at 3 sds) is one a chain visits."""
+
 SETTLING_SDS = 0.2
 """Distance to the mode (posterior sds) within which the Newton polish may take its last
 step unconfirmed, where the steps' contraction predicts it lands within ``tol/4``."""
@@ -558,6 +562,11 @@ class Nonlinearity(NamedTuple):
         are integrated over too: the profile's, times the change of the conditional variance
         along ``v`` as the posterior moves along each other direction (a hierarchical mean's
         curvature changes with the group scale).
+    :param float curvature_growth: the largest curvature in the probed directions at the
+        probes along ``v`` that a chain visits (a rise of at most :data:`VISITED_RISE`), over
+        the curvature at the mode: ``max_t λmax(H(0)⁻¹H(tσv))``, 1 for a Gaussian. A step
+        tuned at the mode is that much closer to its stability bound there
+        (:func:`~numpyro_sgmc.tuner.tuning.autotune` shortens it past a growth of 2).
     """
 
     direction: np.ndarray
@@ -567,6 +576,7 @@ class Nonlinearity(NamedTuple):
     rises: np.ndarray
     profile_ratio: float
     sd_ratio: float
+    curvature_growth: float = 1.0
 
 
 @one_shot_jit(("spec", "structure", "layout"))
@@ -660,7 +670,8 @@ def linearity(problem, mode, target, num_rows=LINEARITY_ROWS, exact=None) -> lis
         (0.0, math.inf) if bad else profile_moments(steps, r)
         for bad, r in zip(unmeasured, rises, strict=True)
     ]
-    conditional = _conditional_variances(H0, H.reshape(k, len(steps), k, k))
+    H = H.reshape(k, len(steps), k, k)
+    conditional = _conditional_variances(H0, H)
     names = layout.names()
     findings = []
     labels = [names[int(np.argmax(np.abs(v)))] for v in directions]
@@ -676,8 +687,12 @@ def linearity(problem, mode, target, num_rows=LINEARITY_ROWS, exact=None) -> lis
                 factor *= changes[j]
         moved = {j: abs(math.log(max(c, 1e-300))) for j, c in changes.items()}
         across.append(max(moved, key=moved.get, default=None))
+        visited = [H[i, t] for t in range(len(steps)) if r[t] <= VISITED_RISE]
         findings.append(
-            Nonlinearity(v, labels[i], float(s), steps, r, moments[i][1], float(np.sqrt(factor)))
+            Nonlinearity(
+                v, labels[i], float(s), steps, r, moments[i][1], float(np.sqrt(factor)),
+                _growth(H0, visited),
+            )  # fmt: skip
         )
     w = max(range(k), key=lambda j: abs(math.log(max(findings[j].sd_ratio, 1e-300))))
     worst = findings[w]
@@ -720,6 +735,21 @@ def linearity(problem, mode, target, num_rows=LINEARITY_ROWS, exact=None) -> lis
             LinearizationWarning,
         )
     return findings
+
+
+def _growth(H0, curvatures) -> float:
+    """``max λmax(H0⁻¹H)`` over ``curvatures`` (at least 1); 1 where ``H0`` is not positive
+    definite (no quadratic to compare with: the findings say so)."""
+    try:
+        root = np.linalg.cholesky(H0)
+    except np.linalg.LinAlgError:
+        return 1.0
+    growth = 1.0
+    for H in curvatures:
+        scaled = np.linalg.solve(root, np.linalg.solve(root, H).T)  # L⁻¹ H L⁻ᵀ
+        if np.all(np.isfinite(scaled)):
+            growth = max(growth, float(np.linalg.eigvalsh(0.5 * (scaled + scaled.T))[-1]))
+    return growth
 
 
 def _conditional_variances(H0, H):

@@ -354,7 +354,11 @@ def _tune_row(row, problem, fit, weights, lam_max) -> Candidate:
     plates = problem.prepared.plates
     batch = {p.name: p.batch_size for p in plates}
     gamma = theory.preconditioner(row, J, I, info.data_free)
-    top = lam_max(gamma)
+    # where the curvature grows more than twofold over what a chain visits (a wall of data on
+    # one side of a thinly observed coefficient), a step at the bound at the mode is past it
+    # there: the chain is thrown across the posterior (docs/theory.md §3)
+    growth = max((f.curvature_growth for f in fit.nonlinearity), default=1.0)
+    top = lam_max(gamma) * max(1.0, growth / 2.0)
 
     def attempt(batch, step_size=None):
         noise = plate_noise(plates, fit.cv_noise, batch)
