@@ -183,6 +183,9 @@ def autotune(
         init_strategy, init_params,
     ).check()  # fmt: skip
     model_args, model_kwargs = validation.as_arrays(model, model_args, model_kwargs)
+    # the user's arrays identify the data for the run (Tuned.centre), and hold no device copy
+    data = data_version(model_args, model_kwargs)
+    model_args, model_kwargs = validation.on_device(model_args, model_kwargs)
     key_prepare, key_warm, key_info = host.split_key(rng_key, 3)
     # rows in random order: the warm start's sample in runs of them (a few reads from a file)
     blocks = WARM_START_BLOCKS if options.batch_sampling == "blocks" else None
@@ -224,7 +227,6 @@ def autotune(
     # the optimizer's epochs, then a pass for the exact gradient at each restart's mode
     setup = warm.num_epochs + warm.num_restarts + local.passes + local.rows_visited / n
     # the centre's full-data gradient, unless the run can take the tuner's (Tuned.centre)
-    data = data_version(model_args, model_kwargs)
     setup += 1.0 if best.tuning.control_variates and data is None else 0.0
     choice = Choice(target, weights, best, alternatives, setup, noise_error)
     return _build(problem, local, warm, choice, data)
