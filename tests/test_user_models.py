@@ -18,8 +18,8 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
-from numpyro.handlers import reparam
 from numpyro.diagnostics import effective_sample_size
+from numpyro.handlers import reparam
 from numpyro.infer import MCMC, init_to_uniform
 from numpyro.infer.reparam import LocScaleReparam
 from user_models import (
