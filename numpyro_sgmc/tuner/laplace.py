@@ -688,12 +688,9 @@ def linearity(problem, mode, target, num_rows=LINEARITY_ROWS, exact=None) -> lis
         moved = {j: abs(math.log(max(c, 1e-300))) for j, c in changes.items()}
         across.append(max(moved, key=moved.get, default=None))
         visited = [H[i, t] for t in range(len(steps)) if r[t] <= VISITED_RISE]
-        findings.append(
-            Nonlinearity(
-                v, labels[i], float(s), steps, r, moments[i][1], float(np.sqrt(factor)),
-                _growth(H0, visited),
-            )  # fmt: skip
-        )
+        ratio, growth = float(np.sqrt(factor)), _growth(H0, visited)
+        profile = moments[i][1]
+        findings.append(Nonlinearity(v, labels[i], float(s), steps, r, profile, ratio, growth))
     w = max(range(k), key=lambda j: abs(math.log(max(findings[j].sd_ratio, 1e-300))))
     worst = findings[w]
     if not 0.9 <= worst.sd_ratio <= 1.1:
