@@ -314,6 +314,7 @@ def _location(y):
         numpyro.sample("y", dist.Normal(mu, 1.0), obs=numpyro.subsample(y, event_dim=0))
 
 
+@pytest.mark.slow  # 11 s: the quick suite's 10 minutes
 def test_the_linearity_profile_is_exact_where_the_potential_outgrows_float32():
     """At n = 4·10⁶ a float32 U (about 5.7·10⁶ nats) has an ulp of 0.5 nats, as large as the
     rise it measures one sd from the mode; a Gaussian posterior gave "rises by 2.49, 1.25,

@@ -239,7 +239,7 @@ _NO_RISE = (
 
 def _no_mode(sites, where: str) -> str:
     """Why there is nothing to tune at when the polish did not settle and, where it stopped,
-    ``where`` (:data:`_NOT_POSITIVE` or :data:`_NO_RISE`) holds along ``sites``; the fixes."""
+    ``where`` (``_NOT_POSITIVE`` or ``_NO_RISE``) holds along ``sites``; the fixes."""
     return (
         "autotune found no mode to linearise at: the damped Newton steps after the warm start "
         "did not settle (the ConvergenceWarning above), and where they stopped "
