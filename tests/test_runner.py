@@ -145,3 +145,21 @@ def test_bad_arguments(problem):
         from numpyro.infer import NUTS
 
         run_kernel(NUTS(linear_regression), *args, num_samples=5)
+
+
+def test_large_data_in_memory_reach_the_device_once(capfd):
+    """A NumPy argument of more than a megabyte is put on the device once per run, not on each
+    compiled chunk's call (each call would copy it anew; the first chunk makes one draw, so
+    3000 draws take several)."""
+    n = 100_000
+    data = make_linear_regression(n=n, seed=2)
+    X, y = np.asarray(data.X), np.asarray(data.y)
+    assert X.nbytes > 2**20 > y.nbytes
+    kernel = SGLD(linear_regression, 1e-6, num_steps=3)
+    capfd.readouterr()
+    with jax.transfer_guard_host_to_device("log_explicit"):
+        run_kernel(kernel, jax.random.key(0), X, y, num_samples=3000)
+    transfers = capfd.readouterr().err
+    assert "host-to-device transfer" in transfers  # the guard's log is seen
+    whole = [line for line in transfers.splitlines() if f"[{n},3]" in line]
+    assert len(whole) == 1, whole[:5]

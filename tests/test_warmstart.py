@@ -177,17 +177,19 @@ def test_a_warm_start_on_a_row_sample_finds_the_samples_mode_and_autotune_the_da
 
 
 def test_the_newton_polish_takes_a_last_step_it_predicts_without_a_pass(logistic, monkeypatch):
-    """From a warm start on a sample of 500 of 20,000 rows (its mode about 10 posterior sds
-    from the data's), the polish takes its last step unconfirmed where the contraction of
-    the step before predicts it lands within tol/4: it saves a pass over the data (at 10⁹ rows
-    a pass over the disk) and ends where confirming that step would have, within 0.02 sds,
-    and within 0.05 sds of the exact float64 mode."""
+    """From a warm start on a sample of 200 of 20,000 rows (its mode 6-22 posterior sds from
+    the data's), the polish takes its last step unconfirmed where the contraction of the step
+    before predicts it lands within tol/4: it saves a pass over the data (at 10⁹ rows a pass
+    over the disk) and ends where confirming that step would have, within 0.02 sds, and
+    within 0.05 sds of the exact float64 mode. Whether a polish meets that condition depends
+    on where its steps land (3 of these 4 seeds, measured; 2 of 6 with 500 rows), so the test
+    asks it of one seed at least."""
     from numpyro_sgmc import autotune
     from numpyro_sgmc.tuner import laplace, tuning
 
     X, y, mode, post_cov = logistic
     sds = np.sqrt(np.diag(post_cov))
-    monkeypatch.setattr(tuning, "WARM_START_SAMPLE_ROWS", 500)
+    monkeypatch.setattr(tuning, "WARM_START_SAMPLE_ROWS", 200)
     polish, found = laplace.newton_polish, []
 
     def both(*args, **kwargs):  # the polish as it is, and with every step confirmed
@@ -199,7 +201,7 @@ def test_the_newton_polish_takes_a_last_step_it_predicts_without_a_pass(logistic
         return quick
 
     monkeypatch.setattr(laplace, "newton_polish", both)
-    for seed in range(3):
+    for seed in range(4):
         autotune(logistic_regression, jax.random.key(seed), X, y)
     saved = 0
     for quick, confirmed in found:

@@ -330,7 +330,7 @@ class RowFeed:
         """A file written to in place during the run is an error: its later batches would be
         of other data than the earlier ones. (A file deleted or replaced by another is not:
         the memory map still reads the data it was opened on.) A zarr array on a local store
-        is checked after each feed's read (:meth:`_gather`), any change an error."""
+        is checked after each feed's read (``_gather``), any change an error."""
         for filename, before in self.files.items():
             now = _stat(filename)
             if now is None or before is None or now[0] != before[0]:

@@ -253,16 +253,19 @@ def run_kernel(
         checkpoint_every = validation.positive_int("checkpoint_every", checkpoint_every)
     model = kernel.subsampled_model
     model_args, model_kwargs = validation.as_arrays(model, model_args, model_kwargs)
+    # large NumPy data reach the device once, not on each compiled call of the start and the
+    # chunks; the KernelRun keeps the caller's arrays, not a second copy
+    args, kwargs = validation.on_device(model_args, model_kwargs)
     owned = not interrupts.installed()  # kernel.init installs the Ctrl-C handler for MCMC
     try:
         if previous is None:
-            run = _start(kernel, rng_key, model_args, model_kwargs, num_warmup, thinning,
-                         num_chains, init_params)  # fmt: skip
+            run = _start(kernel, rng_key, args, kwargs, num_warmup, thinning, num_chains,
+                         init_params)  # fmt: skip
         else:
             given = dict(num_warmup=num_warmup, thinning=thinning, num_chains=num_chains)
-            run = _continued(kernel, rng_key, previous, model_args, model_kwargs, given,
-                             init_params)  # fmt: skip
-        arrays, structure = split_args(model_args, model_kwargs)
+            run = _continued(kernel, rng_key, previous, args, kwargs, given, init_params)
+        run = run._replace(model_args=tuple(model_args), model_kwargs=model_kwargs)
+        arrays, structure = split_args(args, kwargs)
         return _sample(kernel, run, structure, arrays, num_samples, progress_bar, checkpoint,
                        checkpoint_every)  # fmt: skip
     finally:
@@ -350,7 +353,7 @@ def _sample(kernel, run, structure, arrays, num_samples, progress_bar, checkpoin
         arrays = tuple(None if k in fed else a for k, a in enumerate(arrays))
         config = config._replace(fed_rows=True)
         feed.start(run.last_state, warmup_left, asked - run.num_draws)
-    # NumPy data reach the device once, not once per chunk
+    # small NumPy data too reach the device once, not once per chunk
     arrays = tuple(jax.device_put(a) if isinstance(a, np.ndarray) else a for a in arrays)
     progress = _progress_bar(kernel, config, asked) if progress_bar else None
     writer = None if checkpoint is None else CheckpointWriter(checkpoint, _settings(kernel, run))
