@@ -6,13 +6,19 @@ tuner's row sums, probes and profiles on a few thousand rows, full-data passes o
 For those, ``xla_backend_optimization_level=0`` is the better trade. Measured on 2 cores
 (logistic regression, d = 10): compiling the first ``autotune`` + ``run_kernel`` programs took
 8.7 s at the default level and 5.3 s at level 0, while running them took 1.6-2.7x longer
-(a second ``autotune`` call at n = 10⁶, all compiled: 1.4 s against 3.7 s).
+(a second ``autotune`` call at n = 10⁶, all compiled: 1.4 s against 3.7 s). XLA's older
+elemental emitters (``xla_cpu_use_fusion_emitters=False``) halve the compile time of those
+programs again (1.6 s to 0.8 s in all, n = 10⁵, d = 10) and run them as fast, except the
+passes over every row, which run about 30% slower with them (d = 200) and keep the fusion
+emitters (``fused=True``). On the sampling loop they save 0.1-0.15 s of compilation and run
+7% slower (hierarchical and two-plate models): it keeps XLA's defaults.
 
 :func:`one_shot_jit` compiles a function both ways and chooses per call: the quick compile
 on the CPU backend where the program touches at most :data:`QUICK_ROWS` rows (its ``rows``
 function of the call's arguments; always, without one), the default elsewhere and inside
 another trace (a nested ``jax.jit`` takes no compiler options). Long-running
-programs (the sampling loop) are plain ``jax.jit`` functions.
+programs (the sampling loop, the warm start's Adam loop, the control-variate noise's
+``O(rows · probes · d²)`` probes) are plain ``jax.jit`` functions.
 """
 
 from __future__ import annotations
@@ -23,10 +29,13 @@ from typing import Callable, Optional
 
 import jax
 
-__all__ = ["QUICK_OPTIONS", "QUICK_ROWS", "one_shot_jit"]
+__all__ = ["QUICK_FUSED_OPTIONS", "QUICK_OPTIONS", "QUICK_ROWS", "one_shot_jit"]
 
-QUICK_OPTIONS = {"xla_backend_optimization_level": 0}
+QUICK_OPTIONS = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
 """The XLA options of a quick compilation."""
+
+QUICK_FUSED_OPTIONS = {"xla_backend_optimization_level": 0}
+"""The XLA options of a quick compilation of a program heavy in reductions over rows."""
 
 QUICK_ROWS = 2**18
 """Rows up to which a program's run stays shorter than the compile time level 0 saves."""
@@ -35,11 +44,14 @@ QUICK_ROWS = 2**18
 class _OneShot:
     """A ``jax.jit`` function compiled quickly or fully per call (:func:`one_shot_jit`)."""
 
-    def __init__(self, fun: Callable, static_argnames: tuple, rows: Optional[Callable]):
+    def __init__(
+        self, fun: Callable, static_argnames: tuple, rows: Optional[Callable], fused: bool
+    ):
         functools.update_wrapper(self, fun)
         self._signature = inspect.signature(fun)
         self._rows = rows
-        self._quick = jax.jit(fun, static_argnames=static_argnames, compiler_options=QUICK_OPTIONS)
+        options = QUICK_FUSED_OPTIONS if fused else QUICK_OPTIONS
+        self._quick = jax.jit(fun, static_argnames=static_argnames, compiler_options=options)
         self._full = jax.jit(fun, static_argnames=static_argnames)
 
     def _chosen(self, args, kwargs):
@@ -63,12 +75,15 @@ def _traced(args, kwargs) -> bool:
     return any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves((args, kwargs)))
 
 
-def one_shot_jit(static_argnames: tuple = (), rows: Optional[Callable] = None) -> Callable:
+def one_shot_jit(
+    static_argnames: tuple = (), rows: Optional[Callable] = None, fused: bool = False
+) -> Callable:
     """Decorator: ``jax.jit`` with ``static_argnames``, compiled with :data:`QUICK_OPTIONS`
-    on CPU when ``rows(**arguments)`` (the rows the call's program runs over; ``None``: a
-    bounded few) is at most :data:`QUICK_ROWS`, with XLA's default options otherwise."""
+    (:data:`QUICK_FUSED_OPTIONS` where ``fused``) on CPU when ``rows(**arguments)`` (the rows
+    the call's program runs over; ``None``: a bounded few) is at most :data:`QUICK_ROWS`, with
+    XLA's default options otherwise."""
 
     def wrap(fun: Callable) -> _OneShot:
-        return _OneShot(fun, tuple(static_argnames), rows)
+        return _OneShot(fun, tuple(static_argnames), rows, fused)
 
     return wrap

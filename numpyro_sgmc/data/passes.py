@@ -232,7 +232,9 @@ class _ChunkReader:
 
 
 @one_shot_jit(
-    ("spec", "structure", "fed", "batched", "parts"), rows=lambda spec, **_: spec.num_data
+    ("spec", "structure", "fed", "batched", "parts"),
+    rows=lambda spec, **_: spec.num_data,
+    fused=True,
 )
 def _chunk_sums(spec, structure, fed, batched, parts, position, rest, rows, weights,
                 global_weight):  # fmt: skip
@@ -275,7 +277,7 @@ def _nonfinite(fed, rows, weights):
     return jnp.stack(counts), jnp.stack(firsts)
 
 
-@one_shot_jit(("spec", "structure", "chunk_size"), rows=lambda spec, **_: spec.num_data)
+@one_shot_jit(("spec", "structure", "chunk_size"), rows=lambda spec, **_: spec.num_data, fused=True)
 def _in_memory(spec, structure, chunk_size, position, arrays):
     """The pass over data in memory: one program, the chunks scanned."""
     args, kwargs = structure.rebuild(arrays)
