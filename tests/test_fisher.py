@@ -354,3 +354,42 @@ def test_the_control_variate_noise_states_its_probes_error():
         num_probes=100,
     )  # fmt: skip
     assert np.all(exact["data"] == 0.0)
+
+
+@pytest.mark.slow  # about 10 s
+def test_the_control_variate_noise_probes_on_rows_of_their_own():
+    """Above :data:`CONTROL_VARIATE_ROWS` rows, each of the 64 random probes evaluates its
+    own window of them (every row used by some probe, at a tenth of the work here): the
+    estimate still averages to the exact ``diag M(Σ) = diag[(1/n)Σ_i H_iΣH_i - H̄ΣH̄]`` of
+    the logistic rows (``H_i = p_i(1-p_i)x_ix_iᵀ``, float64, a small ``Σ`` where the gradient is
+    linear), and the error it states, which now counts the windows' sampling, is the spread
+    of the estimate over keys."""
+    from numpyro_sgmc.data.model import prepare_model
+    from numpyro_sgmc.scales import Dense
+    from numpyro_sgmc.tuner.fisher import control_variate_noise
+
+    n, d, s2 = 20_000, 100, 1e-4
+    X, y = make_logistic(n=n, d=d, seed=3)[:2]
+    prepared = prepare_model(jax.random.key(0), logistic_regression, (X, y), {})
+    theta = np.full(d, 0.05)
+    Xn = np.asarray(X, np.float64)
+    p = 1 / (1 + np.exp(-Xn @ theta))
+    w = p * (1 - p)
+    # diag M = s2 [(1/n) Σ_i w_i² |x_i|² x_i² - (H̄²)_jj], H̄ = (1/n) Σ_i w_i x_i x_iᵀ
+    mean_h = (Xn * w[:, None]).T @ Xn / n
+    exact = s2 * (np.mean((w**2 * np.sum(Xn**2, 1))[:, None] * Xn**2, 0) - np.sum(mean_h**2, 0))
+    draws, stated = [], []
+    for k in range(24):
+        noise, error = control_variate_noise(
+            prepared, jax.random.key(k), (X, y), {}, {"theta": jnp.asarray(theta, jnp.float32)},
+            Dense(np.eye(d) * s2), num_rows=n,
+        )  # fmt: skip
+        draws.append(np.diag(np.asarray(noise["data"].as_matrix())))
+        stated.append(error["data"])
+    draws = np.asarray(draws)
+    spread = draws.std(axis=0, ddof=1) / draws.mean(axis=0)
+    ratio = np.median(spread / np.mean(stated, axis=0))
+    assert 0.8 < ratio < 1.25, ratio
+    # the mean of 24 estimates, each of the 100 entries within 4.5 standard errors of the exact
+    z = (draws.mean(0) - exact) / (draws.std(axis=0, ddof=1) / np.sqrt(len(draws)))
+    assert np.max(np.abs(z)) < 4.5, np.sort(np.abs(z))[-5:]

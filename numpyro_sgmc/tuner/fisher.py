@@ -415,8 +415,12 @@ def control_variate_noise(prepared, rng_key, model_args, model_kwargs, params, c
     samples (:func:`~numpyro_sgmc.tuner.rowsums.probe_spread`). Its per-step noise is
     ``Σ_p (n_p/n)² M̂_p / b_p`` (:func:`plate_noise`). With ``d <= num_probes`` the probes are
     ``√d`` times the columns of ``Σ^{1/2}`` (exact for a linear gradient); above, ``num_probes``
-    draws of ``N(0, Σ)`` (relative error ``√(2/K)``). ``O(probes · rows · d)`` work, and
-    ``O(rows · d)`` memory (``d²`` more for ``kind="dense"``).
+    draws of ``N(0, Σ)`` (relative error ``√(2/K)``), each on rows of its own where
+    ``num_rows`` exceeds :data:`~numpyro_sgmc.tuner.rows.CONTROL_VARIATE_ROWS`: ``K`` windows
+    of that many rows of one permutation of the ``num_rows``, so that every row is used by a
+    probe or more, at ``K·max(m, num_rows/K)`` rather than ``K·num_rows`` row evaluations
+    (the error it states then counts the rows' sampling too). ``O(probes · rows · d)`` work
+    (``d²`` for ``kind="dense"``), and ``O(rows · d)`` memory (``d²`` more for dense).
 
     :param covariance: ``Σ``, a scale.
     :return: ``(noise, error)``: plate name -> a scale (``Dense`` or ``Diagonal`` by
@@ -436,25 +440,31 @@ def control_variate_noise(prepared, rng_key, model_args, model_kwargs, params, c
     arrays, structure = split_args(model_args, model_kwargs)
     rows = choose_rows(plates, min(int(num_rows), spec.num_data), rng_key)
     wrap = Dense if kind == "dense" else Diagonal
+    windows = Stream.CONTROL_VARIATE_WINDOWS.rng(rng_key)
     out, errors = {}, {}
     for p in plates:
         r = np.arange(p.size) if rows[p.name] is None else rows[p.name]
         rows_arrays, r = rows_in_memory(arrays, plates, {p.name: r})
+        local = r[p.name]
+        if d > num_probes and len(local) > CONTROL_VARIATE_ROWS:
+            local = _probe_windows(windows, local, len(xi), CONTROL_VARIATE_ROWS)
         spread, error = probe_spread(
-            spec,
-            structure,
-            layout,
-            kind,
-            p.name,
-            zf,
-            deltas,
-            host.device_array(r[p.name], np.int32),
-            rows_arrays,
-        )
+            spec, structure, layout, kind, p.name, zf, deltas,
+            host.device_array(local, np.int32), rows_arrays,
+        )  # fmt: skip
         _check_finite([spread], f"the control-variate noise of plate '{p.name}'")
         out[p.name] = wrap(0.5 * (spread + spread.T) if kind == "dense" else spread)
         errors[p.name] = np.zeros(d) if d <= num_probes else error
     return out, errors
+
+
+def _probe_windows(rng: np.random.Generator, rows: np.ndarray, probes: int, m: int):
+    """``(probes, max(m, ⌈R/probes⌉))``: probe ``k``'s rows, the ``k``-th window of one random
+    permutation of the ``R`` rows ``rows`` (cyclic), each window sorted (a gather in order)."""
+    m = max(m, -(-len(rows) // probes))
+    order = rows[rng.permutation(len(rows))]
+    at = (np.arange(probes)[:, None] * m + np.arange(m)) % len(rows)
+    return np.sort(order[at], axis=1)
 
 
 def check_params(params, prepared, dtype) -> dict:

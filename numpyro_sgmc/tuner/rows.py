@@ -108,6 +108,7 @@ class Stream(Enum):
       ``J`` re-draw it on purpose, to use the same rows;
     * ``HUTCHINSON_PROBES``: the Rademacher probes of a diagonal ``J``;
     * ``CONTROL_VARIATE_PROBES``: the ``N(0, Σ)`` probes of the control-variate noise;
+    * ``CONTROL_VARIATE_WINDOWS``: which of its rows each of those probes uses;
     * ``CORRELATION_PROBES``: the probes (then the rows, above :data:`CORRELATION_ROWS`) of
       the correlations a diagonal ``J`` leaves out;
     * ``NEWTON_ROWS``: the rows of a diagonal ``J``'s Newton direction;
@@ -127,6 +128,7 @@ class Stream(Enum):
     NEWTON_ROWS = ("information", (12,))
     LINEARITY_ROWS = ("information", (7,))
     POWER_ITERATION = ("information", (14,))
+    CONTROL_VARIATE_WINDOWS = ("information", (15,))
     WARM_START_ROWS = ("warm start", ())
     WARM_START_PROBES = ("warm start", (1,))
     WARM_START_SAMPLE = ("warm start", (2,))

@@ -30,7 +30,6 @@ from jax import lax
 from numpyro_sgmc.compilation import one_shot_jit
 from numpyro_sgmc.data.model import potential
 from numpyro_sgmc.data.subsample import Batch
-from numpyro_sgmc.host import device_array
 
 __all__ = ["PlateSums", "fisher_diagonal", "global_terms", "plate_sums", "probe_spread"]
 
@@ -202,47 +201,59 @@ def plate_sums(
 # O(rows · probes · d²) work with kind="dense": a long run, compiled fully (at level 0 the
 # hierarchical model of 200 groups, 50,000 rows and 64 probes ran 11 s, fully 4.4 s)
 @partial(jax.jit, static_argnames=("spec", "structure", "layout", "kind", "name"))
-def _spread(spec, structure, layout, kind, name, zf, deltas, rows, weights, arrays):
-    total = jnp.sum(weights)
+def _spread(spec, structure, layout, kind, name, zf, deltas, rows, arrays):
     d = zf.shape[0]
 
-    def step(carry, k_delta):
-        # step 0 (δ = 0) keeps ∇l_i(θ̂) as the base: the model is traced once
-        base, acc, squares = carry
-        k, delta = k_delta
-        g = _datum_gradients(spec, structure, layout, name, zf + delta, rows, arrays)
-        base = jnp.where(k == 0, g, base)
+    def moments(g, base):  # this probe's Cov_i[∇l_i(θ̂ + δ) - ∇l_i(θ̂)] and its diagonal
         u = g - base
-        u = u - jnp.sum(u * weights[:, None], 0) / total
-        u = u * jnp.sqrt(weights)[:, None]
-        diagonal = jnp.sum(u**2, 0) / total  # this probe's estimate of the diagonal
-        acc = acc + (u.T @ u / total if kind == "dense" else diagonal)
-        # step 0 adds zeros to both sums
-        return (base, acc, squares + diagonal**2), None
+        u = u - jnp.mean(u, 0)
+        diagonal = jnp.mean(u**2, 0)
+        return (u.T @ u / u.shape[0] if kind == "dense" else diagonal), diagonal
 
-    steps = (
-        jnp.arange(deltas.shape[0] + 1),
-        jnp.concatenate([jnp.zeros((1, d), zf.dtype), deltas]),
-    )
-    start = (
-        jnp.zeros((rows.shape[0], d), zf.dtype),
-        jnp.zeros((d, d) if kind == "dense" else d, zf.dtype),
-        jnp.zeros(d, zf.dtype),
-    )
-    (_, acc, squares), _ = lax.scan(step, start, steps)
+    def grads(z, idx):
+        return _datum_gradients(spec, structure, layout, name, z, idx, arrays)
+
+    zeros = (jnp.zeros((d, d) if kind == "dense" else d, zf.dtype), jnp.zeros(d, zf.dtype))
+    if rows.ndim == 1:  # the same rows for every probe: ∇l_i(θ̂) once, the model traced once
+
+        def shared(carry, k_delta):  # step 0 (δ = 0) keeps ∇l_i(θ̂) as the base
+            base, acc, squares = carry
+            k, delta = k_delta
+            g = grads(zf + delta, rows)
+            base = jnp.where(k == 0, g, base)
+            part, diagonal = moments(g, base)  # zero at step 0
+            return (base, acc + part, squares + diagonal**2), None
+
+        steps = (
+            jnp.arange(deltas.shape[0] + 1),
+            jnp.concatenate([jnp.zeros((1, d), zf.dtype), deltas]),
+        )
+        start = (jnp.zeros((rows.shape[0], d), zf.dtype),) + zeros
+        (_, acc, squares), _ = lax.scan(shared, start, steps)
+    else:  # rows of its own per probe: ∇l_i at θ̂ and θ̂ + δ_k, one trace vmapped over both
+
+        def own(carry, delta_rows):
+            acc, squares = carry
+            delta, idx = delta_rows
+            base, g = jax.vmap(grads, (0, None))(jnp.stack([zf, zf + delta]), idx)
+            part, diagonal = moments(g, base)
+            return (acc + part, squares + diagonal**2), None
+
+        (acc, squares), _ = lax.scan(own, zeros, (deltas, rows))
     return acc / deltas.shape[0], squares / deltas.shape[0]
 
 
 def probe_spread(spec, structure, layout, kind, name, zf, deltas, rows, arrays) -> tuple:
-    """``(M̂, e)``: ``M̂ = mean_k Cov_i[∇l_i(θ̂ + δ_k) - ∇l_i(θ̂)]`` over the rows ``rows`` of
-    plate ``name`` and the probes ``deltas`` (``(K, d)``, drawn from the law the chain
+    """``(M̂, e)``: ``M̂ = mean_k Cov_{i∈S_k}[∇l_i(θ̂ + δ_k) - ∇l_i(θ̂)]`` over rows ``S_k``
+    of plate ``name`` and the probes ``deltas`` (``(K, d)``, drawn from the law the chain
     samples): the per-datum-Hessian noise that control variates leave,
     ``M(Σ) = (1/n)Σ_i H_iΣH_i - H̄ΣH̄`` of ``docs/theory.md`` §3 when the gradient is linear
     over the probes, and the exact noise of the estimate at those points when it is not.
-    ``(d, d)``, or its diagonal. ``e``: ``(d,)``, the standard error of ``M̂``'s diagonal
-    relative to it, from the spread of the probes' own estimates (for random probes)."""
-    weights = device_array(np.ones(rows.shape[0]), zf.dtype)
-    out, squares = _spread(spec, structure, layout, kind, name, zf, deltas, rows, weights, arrays)
+    ``rows``: ``(R,)``, the same rows for every probe, or ``(K, m)``, rows of its own per
+    probe. ``(d, d)``, or its diagonal. ``e``: ``(d,)``, the standard error of ``M̂``'s
+    diagonal relative to it, from the spread of the probes' own estimates (for random probes;
+    with rows of their own, it counts the rows' sampling too)."""
+    out, squares = _spread(spec, structure, layout, kind, name, zf, deltas, rows, arrays)
     out, squares = np.asarray(out, np.float64), np.asarray(squares, np.float64)
     mean = np.diag(out) if kind == "dense" else out
     spread = np.sqrt(np.maximum(squares - mean**2, 0.0) / deltas.shape[0])
