@@ -415,12 +415,12 @@ def control_variate_noise(prepared, rng_key, model_args, model_kwargs, params, c
     samples (:func:`~numpyro_sgmc.tuner.rowsums.probe_spread`). Its per-step noise is
     ``Σ_p (n_p/n)² M̂_p / b_p`` (:func:`plate_noise`). With ``d <= num_probes`` the probes are
     ``√d`` times the columns of ``Σ^{1/2}`` (exact for a linear gradient); above, ``num_probes``
-    draws of ``N(0, Σ)`` (relative error ``√(2/K)``), each on rows of its own where
-    ``num_rows`` exceeds :data:`~numpyro_sgmc.tuner.rows.CONTROL_VARIATE_ROWS`: ``K`` windows
-    of that many rows of one permutation of the ``num_rows``, so that every row is used by a
-    probe or more, at ``K·max(m, num_rows/K)`` rather than ``K·num_rows`` row evaluations
-    (the error it states then counts the rows' sampling too). ``O(probes · rows · d)`` work
-    (``d²`` for ``kind="dense"``), and ``O(rows · d)`` memory (``d²`` more for dense).
+    draws of ``N(0, Σ)`` (relative error ``√(2/K)``), each on rows of its own where the
+    ``R = num_rows`` rows exceed ``m =`` :data:`~numpyro_sgmc.tuner.rows.CONTROL_VARIATE_ROWS`:
+    ``K`` windows of ``max(m, ⌈R/K⌉)`` rows of one permutation of them, so that every row is
+    used by a probe or more, at ``max(Km, R)`` rather than ``KR`` row evaluations (the error
+    it states then counts the windows' sampling too). ``O(probes · rows · d)`` work (``d²``
+    for ``kind="dense"``), and ``O(rows · d)`` memory (``d²`` more for dense).
 
     :param covariance: ``Σ``, a scale.
     :return: ``(noise, error)``: plate name -> a scale (``Dense`` or ``Diagonal`` by
