@@ -194,6 +194,55 @@ def test_a_hierarchy_of_200_groups_matches_nuts():
     assert np.all(np.abs(ratio - 1) < 0.15) and abs(np.median(ratio) - 1) < 0.04, ratio
 
 
+def test_a_centred_hierarchy_of_thinly_observed_groups_is_said_to_be_far_from_gaussian():
+    """200 centred groups of 50 rows: the joint mode collapses the group scale, and the run's
+    mean of tau lay 2.88 posterior sds above it while the widest directions (group
+    intercepts) looked Gaussian: mu's sd was 1.13x the prediction stated ±0.02%. Along tau's
+    marginal path, with the Laplace term for the intercepts' spread, the marginal peaks past
+    two sds out: the tuner says so and states no error bar for mu and tau."""
+    args, kwargs = make_hierarchical(0, n=10_000, num_groups=200)
+    with pytest.warns(LinearizationWarning) as caught:
+        _, report = autotune(hierarchical_logistic, jax.random.key(0), *args, model_kwargs=kwargs)
+    message = " ".join(str(w.message) for w in caught)
+    assert "The marginal posterior of tau" in message and "does not peak at" in message, message
+    assert "centred hierarchy whose groups are each observed by few rows" in message
+    tau = next(f for f in report.nonlinearity if f.label == "tau")
+    assert tau.parameter is not None and not np.isfinite(tau.sd_ratio)
+    names = report.layout.names()
+    assert report.prediction_error[names.index("mu")] == 1.0
+    assert report.prediction_error[names.index("tau")] == 1.0
+
+
+@pytest.mark.slow  # NUTS: about a minute
+def test_the_marginal_path_of_a_group_scale_puts_the_skew_in_the_stated_error():
+    """200 centred groups of 100 rows: tau's marginal lies about a sd above the joint mode,
+    and the sds whose conditional variances grow with tau are wider than the Gaussian at the
+    mode says (NUTS: mu 1.10x, the intercepts 1.015x on average). Without the marginal path
+    the prediction stated ±0.01% on mu and under 1% on the intercepts; now mu's stated error
+    (19%) covers what NUTS finds, the intercepts' (1.1% on average) most of it, and the
+    median stays under 5%."""
+    args, kwargs = make_hierarchical(0, n=20_000, num_groups=200)
+    _, report = autotune(hierarchical_logistic, jax.random.key(0), *args, model_kwargs=kwargs)
+    ref = nuts_reference(hierarchical_logistic, args, kwargs)
+    reference = np.concatenate([np.ravel(ref[site]) for site, *_ in report.layout.sites])
+    miss, error = np.abs(np.log(report.predicted_sd / reference)), report.prediction_error
+    names = report.layout.names()
+    mu = names.index("mu")
+    assert 0.05 < error[mu] and miss[mu] <= error[mu], (miss[mu], error[mu])
+    alpha = [k for k, name in enumerate(names) if name.startswith("alpha")]
+    # the intercepts' common shift (NUTS's Monte Carlo error averages out over 200 of them)
+    # is seen, though not in full: the straight path puts tau's marginal 0.84 sds out where the
+    # run's mean is 1.42 (docs/theory.md §4); without the paths it was stated as 0.5%
+    shift = abs(np.mean(np.log(report.predicted_sd / reference)[alpha]))
+    assert 0.005 < np.mean(error[alpha]) and shift <= 2 * np.mean(error[alpha]), (
+        shift,
+        np.mean(error[alpha]),
+    )
+    # each sd: NUTS's 4000 draws leave about 1.3% on one; the largest of 205 within 5 of them
+    assert np.all(miss <= error + 0.065), (miss - error).max()
+    assert np.median(error) < 0.05, np.median(error)
+
+
 def hierarchical_poisson(X, group, y=None, num_groups=20):
     """Poisson counts with centred group log-rates."""
     mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
