@@ -58,7 +58,8 @@ class TuningReport(NamedTuple):
         control-variate noise's estimate leaves in the run's:
         :func:`~numpyro_sgmc.tuner.tuning.noise_estimate_error`).
     :param list nonlinearity: the :class:`~numpyro_sgmc.tuner.laplace.Nonlinearity` of the
-        target's widest directions.
+        marginal paths of the parameters with no per-datum gradient and of the target's
+        widest directions.
     :param correlations: for a diagonal ``J``, the :class:`~numpyro_sgmc.tuner.laplace.Correlations`
         it leaves out, which inflate ``covariance`` and slow ``drift`` (``None`` if dense).
     """
@@ -189,7 +190,12 @@ def describe(report: TuningReport) -> str:
             "is the conditional posterior's, docs/theory.md §4)"
         )
     for f in report.nonlinearity:
-        if not math.isfinite(f.sd_ratio):
+        if not math.isfinite(f.sd_ratio) and f.parameter is not None:
+            lines.append(
+                f"  the marginal of {f.label} does not peak at the mode: its mass lies more than "
+                "a sd to one side (the LinearizationWarning); the predictions do not hold there"
+            )
+        elif not math.isfinite(f.sd_ratio):
             lines.append(
                 f"  no mode along {f.label}: the log posterior does not rise on one side of the "
                 "point the tuner linearised at, or was not measured there (the "
@@ -197,7 +203,8 @@ def describe(report: TuningReport) -> str:
             )
         elif not 0.95 <= f.sd_ratio <= 1.05:
             lines.append(
-                f"  far from Gaussian along {f.label}: the posterior's sd along it is about "
+                f"  far from Gaussian along {'the marginal of ' * (f.parameter is not None)}"
+                f"{f.label}: the posterior's sd along it is about "
                 f"{f.sd_ratio:.3g}x the quadratic's (counted in the error)"
             )
     others = [(r, why) for r, why in report.alternatives if r != report.row]
