@@ -103,3 +103,29 @@ def test_draws_that_alternate_about_their_mean_fail_however_wide():
         check = check_run(mcmc, report, print_table=False)
     assert check.status == "FAILED"
     assert any("linear stability bound" in f for f in check.findings), check.findings
+
+
+def poisson_rate(y):
+    lam = numpyro.sample("lam", dist.Gamma(1.0, 1.0))
+    with numpyro.plate("data", y.shape[0], subsample_size=10):
+        numpyro.sample("y", dist.Poisson(lam), obs=numpyro.subsample(y, event_dim=0))
+
+
+@pytest.mark.parametrize("events", [3, 6])
+def test_the_mean_a_run_is_checked_against_is_the_skewed_posteriors(events):
+    """A Poisson rate from ``events`` counts in 50 rows under a Gamma(1, 1) prior: ``log λ``'s
+    posterior ``∝ exp(αz - βe^z)`` (``α = 1 + events``, ``β = 51``) has its mean
+    ``ψ(α) - log α`` below its mode, 0.26 and 0.19 Laplace sds. A run's mean is checked against
+    the tuner's profile of it (``RunCheck.expected_offset``), not the mode."""
+    from scipy.special import digamma
+
+    from numpyro_sgmc.tuner.laplace import mean_shift
+
+    y = np.zeros(50, np.float32)
+    y[:events] = 1.0
+    _, report = autotune(poisson_rate, jax.random.key(0), y)
+    alpha = 1.0 + events
+    laplace_sd = 1.0 / np.sqrt(alpha)  # the curvature of αz - βe^z at its mode is α
+    exact = (digamma(alpha) - np.log(alpha)) / laplace_sd
+    expected = mean_shift(report.nonlinearity, 1)[0] / laplace_sd
+    assert exact < -0.15 and abs(expected - exact) < 0.05, (expected, exact)

@@ -139,6 +139,12 @@ def test_a_keyboard_interrupt_waits_until_the_main_thread_is_out_of_jax(monkeypa
     monkeypatch.setattr(interrupts, "_alive_until", 0.0)  # no run is going
     monkeypatch.setattr(interrupts, "_requested", False)
     monkeypatch.setattr(interrupts, "_per_draw", False)
+    # whatever earlier tests left: no run active, no Ctrl-C consumed, no handler chained
+    monkeypatch.setattr(interrupts, "_active", 0)
+    monkeypatch.setattr(interrupts, "_consumed", 0)
+    monkeypatch.setattr(interrupts, "_previous", signal.default_int_handler)
+    monkeypatch.setattr(interrupts, "_owed", False)
+    monkeypatch.setattr(interrupts, "_raising", None)
     previous = signal.signal(signal.SIGINT, interrupts._handler)
 
     def f(x):

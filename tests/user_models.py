@@ -280,18 +280,24 @@ def sandwich64(model, args, kwargs):
         return _by_site(np.sqrt(np.diag(S)), unravel)
 
 
-def nuts_reference(model, args, kwargs, num_samples=4000, seed=0):
-    """Unconstrained posterior sds from NUTS on the full data."""
+def nuts_draws(model, args, kwargs, num_samples=4000, seed=0):
+    """Unconstrained posterior draws from NUTS on the full data, by site."""
     full = full_data(model)
     mcmc = MCMC(NUTS(full), num_warmup=1000, num_samples=num_samples, progress_bar=False)
     mcmc.run(jax.random.key(seed), *args, **kwargs)
     samples = mcmc.get_samples()
     transforms = get_transforms(numpyro.handlers.seed(full, rng_seed=0), args, kwargs, {})
     return {
-        site: np.asarray(jax.vmap(transforms[site].inv)(value)).std(axis=0)
+        site: np.asarray(jax.vmap(transforms[site].inv)(value))
         for site, value in samples.items()
         if site in transforms
     }
+
+
+def nuts_reference(model, args, kwargs, num_samples=4000, seed=0):
+    """Unconstrained posterior sds from NUTS on the full data."""
+    draws = nuts_draws(model, args, kwargs, num_samples, seed)
+    return {site: value.std(axis=0) for site, value in draws.items()}
 
 
 MODELS = {

@@ -70,6 +70,7 @@ __all__ = [
     "fit",
     "linearity",
     "linearity_error",
+    "mean_shift",
     "newton_polish",
     "prediction_error",
     "profile_moments",
@@ -85,8 +86,8 @@ UNREACHED_SDS = 1.0
 without an error bar: ``check_run``'s own bound on a run's mean from the tuning's mode."""
 
 VISITED_RISE = 4.5
-"""A probe of the linearity profile whose potential has risen by at most this much (in the
-target's quadratic units, ``½t²`` for a Gaussian: 4.5 at 3 sds) is one a chain visits."""
+"""A probe of the linearity profile whose potential has risen by at most this much (in nats:
+a Gaussian's at 3 of its sds) is one a chain visits."""
 
 SETTLING_SDS = 0.2
 """Distance to the mode (posterior sds) within which the Newton polish may take its last
@@ -561,7 +562,9 @@ class Nonlinearity(NamedTuple):
     :param rises: ``U(θ̂ + tσv) - U(θ̂)`` at them, in units of the quadratic's ``½t²`` (the
         control-variate estimate from the rows): ``[2, 0.5, 0.5, 2]`` for a Gaussian.
     :param float profile_ratio: the sd of the one-dimensional profile ``exp(-U)`` along
-        ``v`` over ``σ`` (:func:`profile_moments`); ``inf`` when it is not normalisable.
+        ``v`` over the quadratic's (``σ`` along a widest direction; on a marginal path, whose
+        steps move ``θ_j`` by more than its sd, ``σ/√κ``: :func:`profile_moments`); ``inf``
+        when it is not normalisable.
     :param float sd_ratio: the sd along ``v`` over ``σ`` once the other probed directions
         are integrated over too: the profile's, times the change of the conditional variance
         along ``v`` as the posterior moves along each other direction (a hierarchical mean's
@@ -579,6 +582,9 @@ class Nonlinearity(NamedTuple):
         at the mode and averaged over the path's profile (``1 + a E[t] + b E[t²]``; 1 for the
         path's own parameter, whose marginal the profile gives); ``None`` where the profile
         is not normalisable or the Hessian not positive definite.
+    :param float mean_shift: the profile's mean in steps ``t`` (:func:`profile_moments`):
+        the posterior's mean lies near ``θ̂ + E[t]σv`` (for a marginal path, the parameter's
+        marginal mean); 0 where the profile is not normalisable.
     """
 
     direction: np.ndarray
@@ -591,6 +597,7 @@ class Nonlinearity(NamedTuple):
     curvature_growth: float = 1.0
     parameter: Optional[int] = None
     variance_change: Optional[np.ndarray] = None
+    mean_shift: float = 0.0
 
 
 @one_shot_jit(("spec", "structure", "layout"))
@@ -732,16 +739,23 @@ def linearity(problem, mode, target, num_rows=LINEARITY_ROWS, exact=None, data_f
     unmeasured = ~(np.isfinite(curvature) & (curvature > 0))
     rises = rises.reshape(k, -1) / np.where(unmeasured, 1.0, curvature)[:, None]
     unmeasured |= ~np.all(np.isfinite(rises), axis=1)
+    # a marginal path's steps move θ_j by more than its sd (v ∝ Σe_j is not an axis of Σ):
+    # its profile is exp(-κ r(t)) with κ = σ²vᵀHv ≥ 1, the Gaussian's sd 1/√κ steps (on a
+    # centred hierarchy's scale κ = 3.3: the profile read as exp(-r) put its marginal's mean
+    # about right and its spread 1.8 times too wide); a widest direction's κ is about 1
+    kappa = np.ones(k)
+    kappa[: len(paths)] = np.where(unmeasured[: len(paths)], 1.0, curvature[: len(paths)])
     moments = [
-        (0.0, math.inf) if bad else profile_moments(steps, r)
-        for bad, r in zip(unmeasured, rises, strict=True)
+        (0.0, math.inf) if bad else profile_moments(steps, r, kappa[i], marginal=i < len(paths))
+        for i, (bad, r) in enumerate(zip(unmeasured, rises, strict=True))
     ]
     H = H.reshape(k, len(steps), k, k)
     conditional = _conditional_variances(H0, H)
     findings = []
     across = []  # per direction: the other direction whose move changes its variance most
     for i, (v, s, r) in enumerate(zip(directions, sd, rises, strict=True)):
-        factor = moments[i][1] ** 2
+        profile = moments[i][1] * math.sqrt(kappa[i])  # in the Gaussian's sds
+        factor = profile**2
         changes = {}
         for j in range(k):
             if j != i and math.isfinite(factor) and math.isfinite(moments[j][1]):
@@ -751,16 +765,16 @@ def linearity(problem, mode, target, num_rows=LINEARITY_ROWS, exact=None, data_f
                 factor *= changes[j]
         moved = {j: abs(math.log(max(c, 1e-300))) for j, c in changes.items()}
         across.append(max(moved, key=moved.get, default=None))
-        visited = [H[i, t] for t in range(len(steps)) if r[t] <= VISITED_RISE]
+        visited = [H[i, t] for t in range(len(steps)) if kappa[i] * r[t] <= VISITED_RISE]
         ratio, growth = float(np.sqrt(factor)), _growth(H0, visited)
-        profile = moments[i][1]
         j, change = None, None
         if i < len(paths):
             j, change = paths[i], _variance_change(steps, spread_along[i], moments[i])
             if change is not None:  # the path's own marginal is the profile's (sd_ratio)
                 change[j] = 1.0
+        shift = moments[i][0] if math.isfinite(profile) else 0.0
         findings.append(
-            Nonlinearity(v, labels[i], float(s), steps, r, profile, ratio, growth, j, change)
+            Nonlinearity(v, labels[i], float(s), steps, r, profile, ratio, growth, j, change, shift)
         )
     w = max(range(k), key=lambda j: abs(math.log(max(findings[j].sd_ratio, 1e-300))))
     worst = findings[w]
@@ -787,9 +801,10 @@ def linearity(problem, mode, target, num_rows=LINEARITY_ROWS, exact=None, data_f
         if marginal and unbounded and not unmeasured[w]:
             warn(
                 f"The marginal posterior of {worst.label} (the log posterior along its marginal "
-                "path, with the Laplace term for the other parameters' spread) does not peak at "
-                f"the joint mode the tuner linearises at: {shape}Its mass lies more than a "
-                f"posterior sd to one side. The joint mode of a centred hierarchy whose groups "
+                "path, with the Laplace term for the other parameters' spread) has its mass "
+                f"beyond the tuner's probes: {shape}Its mean lies more than {_REACH:g} steps "
+                "from the joint mode the tuner linearises at, or it does not rise on one side. "
+                "The joint mode of a centred hierarchy whose groups "
                 "are each observed by few rows sits at a smaller group scale than the "
                 "posterior's mass, and the Gaussian there does not describe the posterior: the "
                 "predictions do not hold (report.prediction_error says 100% where this moves "
@@ -899,14 +914,17 @@ def _quadratic_fit(steps, values):
     return float(a), float(b)
 
 
-def profile_moments(steps, rises) -> tuple:
-    """``(mean, sd)`` of ``exp(-p(t))`` in units of the sd of ``exp(-t²/2)``, ``p`` the quartic
-    through ``(0, 0)`` and ``(steps, rises)`` on ``[-2, 2]``, continued beyond by its value,
-    slope and (non-negative) curvature there; ``sd = inf`` if that is not normalisable, or if
-    a probe lies half a nat below the mode (the mode is elsewhere). Where a side rises by more
-    than ``_WALL`` one sd out (a wall, which the quartic swings through far below zero), each
-    side has its own curve (``_one_sided_profile``)."""
-    if np.min(rises) < -0.5:  # half a nat below the "mode" two sds away: not a mode
+def profile_moments(steps, rises, curvature=1.0, marginal=False) -> tuple:
+    """``(mean, sd)`` in units of ``t`` of ``exp(-κ p(t))``, ``p`` the quartic through ``(0, 0)``
+    and ``(steps, rises)`` on ``[-2, 2]``, continued beyond by its value, slope and
+    (non-negative) curvature there; ``rises`` in units of the quadratic's ``½t²``, ``κ``
+    (``curvature``) the quadratic's in nats: the Gaussian's sd is ``1/√κ``. ``sd = inf`` if
+    that is not normalisable, or if a probe lies half a nat below the mode (the mode is
+    elsewhere); on a ``marginal`` path, whose marginal need not peak at the joint mode, only if
+    its mean lies more than :data:`_REACH` steps out (its mass beyond the probes). Where a
+    side rises by more than ``_WALL`` one step out (a wall, which the quartic swings through
+    far below zero), each side has its own curve (``_one_sided_profile``)."""
+    if not marginal and np.min(rises) * curvature < -0.5:  # half a nat below: not a mode
         return 0.0, math.inf
     steps, rises = np.asarray(steps, np.float64), np.asarray(rises, np.float64)
     grid = np.linspace(-12.0, 12.0, 4801)
@@ -925,12 +943,20 @@ def profile_moments(steps, rises) -> tuple:
             if slope <= 0 and curve == 0:
                 return 0.0, math.inf
             values[side] = p(edge) + slope * x + 0.5 * curve * x**2
+    values = curvature * values
     if np.min(values) < -20:  # a profile that falls far below the mode: no mode here
         return 0.0, math.inf
     w = np.exp(-(values - values.min()))
     w = w / w.sum()
     mean = float(w @ grid)
+    if marginal and abs(mean) > _REACH:
+        return 0.0, math.inf
     return mean, float(np.sqrt(w @ (grid - mean) ** 2))
+
+
+# a marginal's mean further out than this many steps (of the probes' ±1, ±2) rests on the
+# continuation past the last probe, not on the probes
+_REACH = 1.5
 
 
 # a rise one sd from the mode four times the quadratic's (2 nats): a wall on that side, as a
@@ -993,3 +1019,18 @@ def linearity_error(findings, target) -> np.ndarray:
         # the effect on the sd, once: a path's Hessians see every parameter
         error = error + 0.5 * change / np.maximum(variances, 1e-300)
     return np.minimum(error, 1.0)
+
+
+def mean_shift(findings, d: int) -> np.ndarray:
+    """``(d,)`` where the profiles put the posterior's mean from the mode, in unconstrained
+    units: along each profiled direction ``v`` the shift ``E[t] σ v``
+    (:attr:`Nonlinearity.mean_shift`), and per parameter the largest of them. On a marginal
+    path that is the parameter's marginal mean, and every other parameter's mean given it
+    (a centred hierarchy's group scale lies skewed above its joint mode, and the group
+    intercepts spread with it); the directions overlap, so they are not added. Zeros for a
+    near-Gaussian posterior."""
+    shift = np.zeros(d)
+    for f in findings:
+        along = f.mean_shift * f.sd * np.asarray(f.direction, np.float64)
+        shift = np.where(np.abs(along) > np.abs(shift), along, shift)
+    return shift

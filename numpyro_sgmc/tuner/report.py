@@ -189,11 +189,12 @@ def describe(report: TuningReport) -> str:
             f"  no per-datum gradient: {', '.join(names)} (I = 0 there; their uncertainty "
             "is the conditional posterior's, docs/theory.md §4)"
         )
+    target_sd = np.sqrt(np.asarray(report.target_covariance.diagonal(), np.float64))
     for f in report.nonlinearity:
         if not math.isfinite(f.sd_ratio) and f.parameter is not None:
             lines.append(
-                f"  the marginal of {f.label} does not peak at the mode: its mass lies more than "
-                "a sd to one side (the LinearizationWarning); the predictions do not hold there"
+                f"  the marginal of {f.label} has its mass beyond the probes, far to one side of "
+                "the mode (the LinearizationWarning); the predictions do not hold there"
             )
         elif not math.isfinite(f.sd_ratio):
             lines.append(
@@ -207,6 +208,15 @@ def describe(report: TuningReport) -> str:
                 f"{f.label}: the posterior's sd along it is about "
                 f"{f.sd_ratio:.3g}x the quadratic's (counted in the error)"
             )
+        if math.isfinite(f.sd_ratio) and f.parameter is not None:
+            j = f.parameter
+            shift = f.mean_shift * f.sd * f.direction[j] / target_sd[j]
+            if abs(shift) >= 0.5:
+                lines.append(
+                    f"  the marginal of {f.label} is skewed: its mean lies {abs(shift):.3g} sds "
+                    f"{'above' if shift > 0 else 'below'} the mode (check_run expects a run's "
+                    "mean there)"
+                )
     others = [(r, why) for r, why in report.alternatives if r != report.row]
     for r, why in others:
         cost = f"mixes in {why:.3g} epochs" if isinstance(why, float) else why
