@@ -921,7 +921,7 @@ def profile_moments(steps, rises, curvature=1.0, marginal=False) -> tuple:
     (``curvature``) the quadratic's in nats: the Gaussian's sd is ``1/√κ``. ``sd = inf`` if
     that is not normalisable, or if a probe lies half a nat below the mode (the mode is
     elsewhere); on a ``marginal`` path, whose marginal need not peak at the joint mode, only if
-    its mean lies more than :data:`_REACH` steps out (its mass beyond the probes). Where a
+    its mean lies more than ``_REACH`` (1.5) steps out (its mass beyond the probes). Where a
     side rises by more than ``_WALL`` one step out (a wall, which the quartic swings through
     far below zero), each side has its own curve (``_one_sided_profile``)."""
     if not marginal and np.min(rises) * curvature < -0.5:  # half a nat below: not a mode
