@@ -86,6 +86,26 @@ def test_nan_covariates_and_autotune(problem):
     assert "optimizer of autotune would diverge" in message
 
 
+@pytest.mark.parametrize("entry", [np.nan, -np.inf])
+def test_a_non_finite_row_of_data_put_on_the_device_is_named_by_autotune_and_run_kernel(entry):
+    """Covariates over 1 MB are copied to the device once; their data check reads the host
+    copy (no program of its own) and still names the row, in autotune and in run_kernel."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((30_000, 10)).astype(np.float32)  # 1.2 MB
+    y = (X.sum(axis=1) + rng.standard_normal(30_000)).astype(np.float32)
+    kernel, _ = autotune(regression, jax.random.key(0), X, y)
+    X[27_183, 4] = entry
+    for call in (
+        lambda: autotune(regression, jax.random.key(0), X, y),
+        lambda: run_kernel(kernel, jax.random.key(1), X, y, num_samples=10),
+    ):
+        with pytest.raises(ValueError) as err:
+            call()
+        message = str(err.value)
+        assert "argument 'X' (position 0) has NaN or infinite values in 1 of its 30000" in message
+        assert "the first at row 27183" in message
+
+
 def test_more_rows_in_a_batch_than_in_the_data(problem):
     with pytest.raises(ValueError) as err:
         run(SGLD(regression, 1e-3), problem.X[:50], problem.y[:50])

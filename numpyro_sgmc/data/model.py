@@ -250,19 +250,36 @@ def constrain(spec: ModelSpec, z: dict, model_args, model_kwargs, exclude=frozen
     return {k: v for k, v in values.items() if k not in exclude}
 
 
-@one_shot_jit(("spec", "structure", "exclude", "batched"))
-def _constrained(spec, structure, exclude, batched, z, arrays):
+@one_shot_jit(("spec", "structure", "exclude", "batched", "layout"))
+def _constrained(spec, structure, exclude, batched, layout, z, arrays):
     args, kwargs = structure.rebuild(arrays)
     one = partial(constrain, spec, model_args=args, model_kwargs=kwargs, exclude=exclude)
-    return jax.vmap(one)(z) if batched else one(z)
+
+    def with_jacobian(z):
+        if layout is None:
+            return one(z), None
+
+        def latent(x):  # the constrained latent values, flat, in the layout's site order
+            values = one(layout.unravel(x))
+            return jnp.concatenate([jnp.ravel(values[name]) for name, *_ in layout.sites])
+
+        return one(z), jax.jacfwd(latent)(layout.ravel(z))
+
+    return jax.vmap(with_jacobian)(z) if batched else with_jacobian(z)
 
 
-def constrained(spec, z, model_args, model_kwargs, exclude=frozenset(), batched=False) -> dict:
-    """:func:`constrain`, compiled once per model and data shapes (the data as arguments);
-    ``batched``: ``z`` has a leading axis (one point per restart or chain)."""
+def constrained(
+    spec, z, model_args, model_kwargs, exclude=frozenset(), batched=False, layout=None
+) -> tuple:
+    """``(values, jacobian)``: :func:`constrain`, compiled once per model and data shapes (the
+    data as arguments), and with a ``layout`` the Jacobian ``∂(constrained latent values)/∂z``
+    at ``z`` (flat, ``(d_constrained, d)``, sites in the layout's order), else ``None``;
+    ``batched``: ``z`` has a leading axis (one point per restart or chain), and so have both.
+    The warm start and the tuner's report share one program: where the report maps a dense
+    covariance to the constrained sites, the warm start asks for the Jacobian too."""
     arrays, structure = split_args(model_args, model_kwargs)
     arrays = first_rows(arrays, spec.plates)  # the first batch's rows, not a file whole
-    return _constrained(spec, structure, frozenset(exclude), bool(batched), z, arrays)
+    return _constrained(spec, structure, frozenset(exclude), bool(batched), layout, z, arrays)
 
 
 class SubsampledModel(NamedTuple):

@@ -364,11 +364,18 @@ def on_device(model_args, model_kwargs) -> tuple:
     :data:`SMALL_BYTES` put on the device once: a compiled call copies a NumPy argument anew
     (on CPU too, unless it is 64-byte aligned), and the tuner's dozens of calls on 10⁸ rows in
     memory (4.4 GB) spent 88 of their 143 s copying it. File-backed arrays stay on the host,
-    read by rows where used."""
+    read by rows where used. A floating-point array's data check is made here, on the host
+    copy, and kept for the device copy (:func:`check_finite_data` then runs no program of its
+    own: a reduction over a device array compiled one per shape)."""
 
     def put(x):
         if isinstance(x, np.ndarray) and x.nbytes > SMALL_BYTES and not file_backed(x):
-            return jax.device_put(x)
+            copy = jax.device_put(x)
+            if np.issubdtype(x.dtype, np.inexact):
+                key = id(copy)
+                _PUT_COUNTS[key] = _count_nonfinite_host(x)
+                weakref.finalize(copy, _PUT_COUNTS.pop, key, None)
+            return copy
         return x
 
     return tuple(put(x) for x in model_args), {k: put(v) for k, v in model_kwargs.items()}
@@ -503,6 +510,8 @@ def _count_nonfinite(x) -> tuple:
                     return first
             _FILE_COUNTS[version] = _count_nonfinite_host(x)
         return _FILE_COUNTS[version]
+    if id(x) in _PUT_COUNTS:  # a copy on_device made, checked on the host
+        return _PUT_COUNTS[id(x)]
     rows = max(1, _DEVICE_CHUNK_ELEMENTS // max(1, x.size // x.shape[0]))
     # eagerly, also when called under an outer trace (MCMC's pmap over chains) with the
     # data a concrete constant of it
@@ -515,6 +524,7 @@ def _count_nonfinite(x) -> tuple:
 
 
 _FILE_COUNTS = {}  # _file_version -> (count, first) of non-finite rows
+_PUT_COUNTS = {}  # id of a live device copy made by on_device -> its host copy's counts
 _DEFERRED = contextvars.ContextVar("numpyro_sgmc_file_checks_deferred", default=False)
 _FIRST_ROWS = 2**16  # rows of a file checked at once where its check is deferred
 

@@ -36,7 +36,6 @@ from numpyro.distributions.transforms import IdentityTransform, IndependentTrans
 from numpyro.infer.initialization import init_to_uniform
 
 from numpyro_sgmc import host
-from numpyro_sgmc.compilation import one_shot_jit
 from numpyro_sgmc.data import sharding
 from numpyro_sgmc.data.batches import BATCH_SAMPLING
 from numpyro_sgmc.data.gradients import (
@@ -61,6 +60,7 @@ __all__ = [
     "estimator_and_check",
     "estimator_for",
     "needs_support_check",
+    "predicted_draw",
     "valid_constrained",
 ]
 
@@ -178,13 +178,13 @@ class Tuned(NamedTuple):
             flat = np.broadcast_to(flat, (num_chains,) + flat.shape)
         return self.layout.unravel(flat)
 
-    def draws(self, rng_key, batched: bool):
-        """Starting positions drawn from the predicted law, one per chain key (the second of
-        its ``chain_keys``): one program, the same draws for a chain run alone, vectorised or
-        in a ``pmap``."""
+    def law(self) -> tuple:
+        """``(mean, root)`` of the predicted law on the device, ``root`` the covariance's
+        square root: the arguments of :func:`predicted_draw` (drawn inside the program that
+        starts the chains)."""
         mean = host.device_array(self.mean)
         root = jax.tree.map(lambda a: host.device_array(a, mean.dtype), self.covariance.sqrt())
-        return _predicted_draws(self.layout, batched, mean, root, rng_key)
+        return mean, root
 
     def centre(self, num_chains: Optional[int], model_args, model_kwargs):
         """The control-variate centre of every chain: on the data it was tuned on (the same
@@ -205,16 +205,13 @@ def chain_keys(rng_key) -> tuple:
     return keys[0], keys[1], keys[2]
 
 
-@one_shot_jit(("layout", "batched"))
-def _predicted_draws(layout, batched, mean, root, rng_key):
-    """``mean + root ξ``, ``ξ ~ N(0, I)`` from each chain key's second key, unraveled
-    (:meth:`Tuned.draws`)."""
-
-    def one(key):
-        key = chain_keys(key)[1]
-        return layout.unravel(mean + root.apply(random.normal(key, mean.shape, mean.dtype)))
-
-    return jax.vmap(one)(rng_key) if batched else one(rng_key)
+def predicted_draw(layout, law: tuple, rng_key) -> dict:
+    """``mean + root ξ``, ``ξ ~ N(0, I)`` from a chain key's second key (:func:`chain_keys`),
+    unraveled: a chain's start drawn from the predicted law ``law = (mean, root)``
+    (:meth:`Tuned.law`), the same whether the chain runs alone, vectorised or in a ``pmap``."""
+    mean, root = law
+    xi = random.normal(chain_keys(rng_key)[1], mean.shape, mean.dtype)
+    return layout.unravel(mean + root.apply(xi))
 
 
 class Recipe(NamedTuple):

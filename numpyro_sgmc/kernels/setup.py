@@ -25,7 +25,7 @@ from numpyro_sgmc.data.files import fed_rows
 from numpyro_sgmc.data.gradients import Centre
 from numpyro_sgmc.data.model import prepare_model, split_args
 from numpyro_sgmc.kernels import auto_step, checks
-from numpyro_sgmc.kernels.family import ChainInit, Recipe, chain_keys
+from numpyro_sgmc.kernels.family import ChainInit, Recipe, chain_keys, predicted_draw
 
 __all__ = ["Start", "start"]
 
@@ -45,14 +45,21 @@ class Start(NamedTuple):
 
 
 @one_shot_jit(
-    ("build", "config", "structure", "batched"), rows=lambda config, **_: config.spec.num_data
+    ("build", "config", "structure", "batched", "layout"),
+    rows=lambda config, **_: config.spec.num_data,
 )
-def _init_chains(build, config, structure, batched, rng_key, z, params, centre, arrays):
-    """Each chain's initial state from its run key (the first of :func:`chain_keys`)."""
+def _init_chains(
+    build, config, structure, batched, layout, rng_key, z, law, params, centre, arrays
+):
+    """Each chain's initial state from its run key (the first of :func:`chain_keys`), at
+    ``z``, or (``z`` None) at a draw of the predicted ``law`` by its start key
+    (:func:`~numpyro_sgmc.kernels.family.predicted_draw`: in this program, not one of its
+    own)."""
     args, kwargs = structure.rebuild(arrays)
     init = build(config).init
 
     def one(key, z, params, centre):
+        z = predicted_draw(layout, law, key) if z is None else z
         return init(chain_keys(key)[0], z, params, args, kwargs, centre)
 
     return jax.vmap(one)(rng_key, z, params, centre) if batched else one(rng_key, z, params, centre)
@@ -97,7 +104,7 @@ def start(recipe: Recipe, model, rng_key, num_warmup, init_params, model_args, m
             )  # fmt: skip
             tuned.check(prepared.plates, name)
     shards = sharding.data_layout(model_args, model_kwargs, prepared.plates)
-    z, centre = _starts(recipe, prepared, chain_init, rng_key, batched, model_args, model_kwargs)
+    z, law, centre = _starts(recipe, prepared, chain_init, batched, model_args, model_kwargs)
     arrays, structure = split_args(model_args, model_kwargs)
     streamed = shards is None and passes.streams(arrays, prepared.plates)
     if streamed and dynamics.control_variates and not isinstance(centre, Centre):
@@ -144,8 +151,9 @@ def start(recipe: Recipe, model, rng_key, num_warmup, init_params, model_args, m
         fed = fed_rows(arrays, prepared.plates).leaves
         arrays = tuple(None if k in fed else a for k, a in enumerate(arrays))
     state = _init_chains(
-        family.build, config, structure, batched, rng_key, z, params, centre, arrays
-    )
+        family.build, config, structure, batched, prepared.layout, rng_key,
+        None if law is not None else z, law, params, centre, arrays,
+    )  # fmt: skip
     if shards is not None:
         state = sharding.replicate(state, shards)
     if dynamics.control_variates and tuned is None:  # autotune's centre is its mode
@@ -155,20 +163,22 @@ def start(recipe: Recipe, model, rng_key, num_warmup, init_params, model_args, m
     return Start(state, prepared, config, batched, chosen, step_check)
 
 
-def _starts(recipe: Recipe, prepared, chain_init: ChainInit, rng_key, batched: bool, *data):
-    """Each chain's start and control-variate centre: the given ones; else, for a tuned
-    kernel, draws from the predicted law (by each chain's key) and its centre
-    (``Tuned.centre``: with its gradient on the data it was tuned on); else the init
-    strategy's."""
+def _starts(recipe: Recipe, prepared, chain_init: ChainInit, batched: bool, *data):
+    """``(z, law, centre)``: each chain's start and control-variate centre, the given ones;
+    else, for a tuned kernel, the predicted ``law`` (:meth:`Tuned.law`), whose draws by each
+    chain's key ``_init_chains`` makes, ``z`` the mode (what the checks before it evaluate)
+    and its centre (``Tuned.centre``: with its gradient on the data it was tuned on); else the
+    init strategy's."""
     z, centre, tuned = chain_init.params, chain_init.centre, recipe.tuned
+    law = None
     if z is None:
         z = prepared.init_params
         if tuned is not None:
-            z = tuned.draws(rng_key, batched)
+            law = tuned.law()
     if centre is None and recipe.dynamics.control_variates and tuned is not None:
         num_chains = jax.tree.leaves(z)[0].shape[0] if batched else None
         centre = tuned.centre(num_chains, *data)
-    return z, centre
+    return z, law, centre
 
 
 def _all_chain_params(recipe: Recipe, prepared, z, chain_init, batched: bool, steps=None):

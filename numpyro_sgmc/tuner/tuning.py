@@ -50,12 +50,10 @@ import numpy as np
 from numpyro.infer.initialization import init_to_mean, init_to_value
 
 from numpyro_sgmc import host, scales, theory
-from numpyro_sgmc.compilation import one_shot_jit
 from numpyro_sgmc.data import validation
-from numpyro_sgmc.data.files import MAX_DRAW_BYTES, first_rows
+from numpyro_sgmc.data.files import MAX_DRAW_BYTES
 from numpyro_sgmc.data.model import (
     Layout,
-    constrain,
     constrained,
     data_version,
     prepare_model,
@@ -68,7 +66,7 @@ from numpyro_sgmc.scales import Diagonal
 from numpyro_sgmc.theory import InfeasibleTuning, rows_reaching, target_weights
 from numpyro_sgmc.theory.linear import GradientNoise
 from numpyro_sgmc.tuner.fisher import plate_noise
-from numpyro_sgmc.tuner.laplace import Problem, fit
+from numpyro_sgmc.tuner.laplace import DENSE_MAX_DIM, Problem, fit
 from numpyro_sgmc.tuner.options import AutotuneOptions
 from numpyro_sgmc.tuner.report import TuningReport
 from numpyro_sgmc.tuner.rows import (
@@ -486,9 +484,12 @@ def _build(problem, fit, warm, choice, data):
     # as a batch of one: the warm start's program for its (default) single restart; device
     # arrays: a model may index a latent site with traced data (``alpha[group]``)
     one = jax.tree.map(lambda v: np.asarray(v)[None], fit.mode)
-    constrained_mode = host.take(
-        constrained(prepared.spec, one, args, kwargs, prepared.per_datum_sites, batched=True)
+    dense = scales.is_dense(covariance)
+    jacobian = prepared.layout if dense or prepared.layout.size <= DENSE_MAX_DIM else None
+    constrained_mode, jac = constrained(
+        prepared.spec, one, args, kwargs, prepared.per_datum_sites, True, jacobian
     )
+    constrained_mode = host.take(constrained_mode)
     batch_size = best.batch_size
     common = dict(
         batch_size=batch_size if len(batch_size) > 1 else next(iter(batch_size.values())),
@@ -518,7 +519,7 @@ def _build(problem, fit, warm, choice, data):
         num_steps=num_steps,
         target_covariance=target,
         covariance=covariance,
-        constrained_covariance=_delta_method(problem, fit.mode, covariance),
+        constrained_covariance=_delta_method(jac, covariance) if dense else None,
         autocorrelation_iterations=autocorrelation,
         mixing_iterations=mixing,
         mixing_epochs=mixing * best.cost / prepared.num_data,
@@ -542,27 +543,8 @@ def _build(problem, fit, warm, choice, data):
     return kernel, report
 
 
-def _delta_method(problem, mode, covariance):
-    """The covariance of the constrained latent sites, ``Jac Σ Jacᵀ`` (dense ``Σ`` only)."""
-    if not scales.is_dense(covariance):
-        return None
-    prepared = problem.prepared
-    arrays, structure = split_args(problem.model_args, problem.model_kwargs)
-    jac = _jacobian(
-        prepared.spec, structure, prepared.layout, tuple(prepared.latent_sites),
-        prepared.layout.ravel(mode), first_rows(arrays, prepared.plates),
-    )  # fmt: skip
-    jac = np.asarray(jac, np.float64)
+def _delta_method(jacobian, covariance) -> np.ndarray:
+    """The covariance of the constrained latent sites, ``Jac Σ Jacᵀ``, from the Jacobian at the
+    mode (a batch of one, ``data.model.constrained``) and a dense ``Σ``."""
+    jac = np.asarray(jacobian, np.float64)[0]
     return jac @ np.asarray(covariance.matrix) @ jac.T
-
-
-@one_shot_jit(("spec", "structure", "layout", "latent"))
-def _jacobian(spec, structure, layout, latent, zf, arrays):
-    """``∂(constrained latent values)/∂z`` at ``zf`` (flat), compiled once per model."""
-    args, kwargs = structure.rebuild(arrays)
-
-    def flat(x):
-        values = constrain(spec, layout.unravel(x), args, kwargs)
-        return jnp.concatenate([jnp.ravel(values[name]) for name in latent])
-
-    return jax.jacfwd(flat)(zf)
