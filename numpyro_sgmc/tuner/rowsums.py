@@ -111,10 +111,10 @@ def _datum_gradients(spec, structure, layout, name, zf, idx, arrays):
     return lax.map(one, idx, batch_size=inner)
 
 
+@one_shot_jit(("spec", "structure", "layout"))
 def fisher_diagonal(spec, structure, layout, zf, rows, arrays):
     """``Σ_p (n_p/n) mean_{i∈rows_p} (∇l_i)²``: the empirical Fisher information's diagonal per
-    datum at ``zf``, over the rows ``rows`` (plate name -> indices); traced inside the warm
-    start's program (its scales), not a program of its own."""
+    datum at ``zf``, over the rows ``rows`` (plate name -> indices)."""
     n = spec.num_data
     total = jnp.zeros_like(zf)
     for p in spec.plates:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from functools import partial
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -181,16 +181,14 @@ def default_optimizer(learning_rate: float, num_iterations: int):
     ),
 )  # fmt: skip
 def _optimise(
-    spec, structure, layout, optimizer, learning_rate, num_iterations, sampled, z0, scaling,
-    keys, rows, arrays,
+    spec, structure, layout, optimizer, learning_rate, num_iterations, sampled, z0, scale, keys,
+    rows, arrays,
 ):  # fmt: skip
     """``K`` optimizer runs, vectorised, in the coordinates ``u`` of ``z = z0 + scale ⊙ u``
-    (flat); the data are arguments, not compiled-in constants. ``scaling``: the ``(K, d)``
-    scales, or a ``_ScaleSample`` to compute each start's natural scales from, in this
-    program (``_natural_scales``). Returns the tail average, the last minibatch gradient
-    and Adam's moments, all in ``z`` (the full-data gradient at the mode is
-    :func:`~numpyro_sgmc.data.passes.exact_gradient`'s, a program the Newton polish compiles
-    anyway).
+    (flat); the data are arguments, not compiled-in constants. Returns the tail average, the
+    last minibatch gradient and Adam's moments, all in ``z`` (the full-data gradient at the
+    mode is :func:`~numpyro_sgmc.data.passes.exact_gradient`'s, a program the Newton polish
+    compiles anyway).
 
     ``sampled``: the plates the epochs run over, of the sizes of ``rows`` (plate name -> the
     sample's row indices, for the plates sampled): a batch is drawn from the sample, and
@@ -253,43 +251,14 @@ def _optimise(
             losses,
         )
 
-    if isinstance(scaling, _ScaleSample):
-        scaling = jax.vmap(lambda z: _natural_scales(spec, structure, layout, z, scaling))(z0)
-    return jax.vmap(run_one)(z0, scaling, keys)
+    return jax.vmap(run_one)(z0, scale, keys)
 
 
-class _ScaleSample(NamedTuple):
-    """What ``_natural_scales`` reads: ``rows`` (plate name -> indices into ``arrays``),
-    the first rows ``first`` for the prior's terms, and Hutchinson ``probes`` (``None``: the
-    prior's exact dense curvature, up to ``DENSE_MAX_DIM`` parameters)."""
-
-    rows: dict
-    arrays: tuple
-    first: tuple
-    probes: Any
-
-
-def _scale_sample(prepared, rng_key, model_args, model_kwargs, dtype, num_rows=WARM_START_ROWS):
-    """The ``_ScaleSample`` of ``num_rows`` rows the warm start's scales are taken on; the
-    prior's curvature as the information step computes it (exact and dense up to
-    ``DENSE_MAX_DIM`` parameters, Hutchinson probes above)."""
-    spec, layout = prepared.spec, prepared.layout
-    arrays, _ = split_args(model_args, model_kwargs)
-    rows = sample_rows(Stream.WARM_START_ROWS, rng_key, spec.plates, num_rows).indices
-    sample_arrays, rows = rows_in_memory(arrays, spec.plates, rows)
-    probes = None
-    if layout.size > DENSE_MAX_DIM:
-        signs = Stream.WARM_START_PROBES.rng(rng_key).integers(0, 2, (PROBES, layout.size))
-        probes = host.device_array(2 * signs - 1, dtype)
-    first = first_rows(arrays, spec.plates)  # the prior's terms read no row
-    return _ScaleSample(rows, sample_arrays, first, probes)
-
-
-def _natural_scales(spec, structure, layout, zf, sample: _ScaleSample):
-    """``(d,)`` natural scales of the parameters at ``zf``: ``1/sqrt(F_jj)``, ``F`` the
+def _scales(prepared, rng_key, model_args, model_kwargs, z0, num_rows=WARM_START_ROWS):
+    """``(K, d)`` natural scales of the parameters at the starts: ``1/sqrt(F_jj)``, ``F`` the
     empirical Fisher information's diagonal per datum there plus the prior's curvature, so
     that Adam's steps are in units of each parameter's own scale (a covariate multiplied by
-    ``10⁴`` just works). Traced inside ``_optimise``.
+    ``10⁴`` just works).
 
     A parameter with no per-datum gradient (``F_jj = 0``: a hierarchy's mean and scale) has
     only the prior's curvature, at the start; in a hierarchy that depends on where the group
@@ -298,19 +267,34 @@ def _natural_scales(spec, structure, layout, zf, sample: _ScaleSample):
     (200 groups at ``n = 10⁵``: 280 per datum, against 16 at the posterior; the warm start
     ended at ``τ ≈ 2000``). Such a scale is capped at the widest of the parameters the data
     inform: a smaller scale only takes Adam more of its thousands of steps."""
-    fisher = fisher_diagonal(spec, structure, layout, zf, sample.rows, sample.arrays)
-    dense = sample.probes is None
-    kind = "dense" if dense else "diagonal"
-    _, prior = global_terms(spec, structure, layout, kind, zf, sample.probes, sample.first)
-    prior = jnp.diag(prior) if dense else jnp.mean(prior, axis=0)
-    curvature = fisher + jnp.maximum(prior, 0.0) / spec.num_data
-    positive = curvature > 0
-    floor = 1e-12 * jnp.where(jnp.any(positive), jnp.max(jnp.where(positive, curvature, 0)), 1)
-    scale = jnp.where(curvature > floor, 1.0 / jnp.sqrt(jnp.maximum(curvature, floor)), 1.0)
-    informed = fisher > 0
-    widest = jnp.max(jnp.where(informed, scale, -jnp.inf))  # -inf where none is informed
-    # the prior's curvature alone can be far too flat (docstring)
-    return jnp.where(informed | ~jnp.any(informed), scale, jnp.minimum(scale, widest))
+    spec, layout = prepared.spec, prepared.layout
+    arrays, structure = split_args(model_args, model_kwargs)
+    rows = sample_rows(Stream.WARM_START_ROWS, rng_key, spec.plates, num_rows).indices
+    sample_arrays, rows = rows_in_memory(arrays, spec.plates, rows)
+    # the prior's curvature as the information step will compute it (one compilation for
+    # both): exact and dense up to DENSE_MAX_DIM parameters, Hutchinson probes above
+    dense = layout.size <= DENSE_MAX_DIM
+    probes = None
+    if not dense:
+        signs = Stream.WARM_START_PROBES.rng(rng_key).integers(0, 2, (PROBES, layout.size))
+        probes = host.device_array(2 * signs - 1, z0.dtype)
+    first = first_rows(arrays, spec.plates)  # the prior's terms read no row
+    out = []
+    for zf in np.asarray(z0):
+        zf = host.device_array(zf)
+        fisher = np.asarray(fisher_diagonal(spec, structure, layout, zf, rows, sample_arrays))
+        kind = "dense" if dense else "diagonal"
+        _, prior = global_terms(spec, structure, layout, kind, zf, probes, first)
+        prior = np.diag(np.asarray(prior)) if dense else np.asarray(prior).mean(axis=0)
+        curvature = fisher + np.maximum(prior, 0.0) / spec.num_data
+        positive = curvature[curvature > 0]
+        floor = 1e-12 * (positive.max() if positive.size else 1.0)
+        scale = np.where(curvature > floor, 1.0 / np.sqrt(np.maximum(curvature, floor)), 1.0)
+        informed = fisher > 0
+        if np.any(informed):  # the prior's curvature alone can be far too flat (docstring)
+            scale = np.where(informed, scale, np.minimum(scale, scale[informed].max()))
+        out.append(scale)
+    return host.device_array(np.stack(out), z0.dtype)
 
 
 def warm_start(
@@ -404,7 +388,7 @@ def warm_start_of(
     """:func:`warm_start` on a prepared model whose ``init_params`` carry the restart axis.
 
     With ``rescale`` the optimizer works in each parameter's natural scale at the start
-    (``_natural_scales``), so that its learning rate means the same for a covariate on any scale;
+    (``_scales``), so that its learning rate means the same for a covariate on any scale;
     a run whose loss turns non-finite is retried from its start at a tenth of the learning rate,
     twice. With ``max_rows`` and more rows than that, the ``num_epochs`` run over a uniform
     sample of about ``max_rows`` rows (without replacement; ``_optimise``), for at least
@@ -431,16 +415,14 @@ def warm_start_of(
     sample_arrays, every = rows_in_memory(arrays, spec.plates, every)
     rows = {name: every[name] for name in rows}
     z0f = layout.ravel(z0)
-    if rescale:
-        scaling = _scale_sample(prepared, key_scale, model_args, model_kwargs, z0f.dtype)
-    else:
-        scaling = host.device_array(np.ones(z0f.shape), z0f.dtype)
+    scale = _scales(prepared, key_scale, model_args, model_kwargs, z0f) if rescale else None
+    scale = host.device_array(np.ones(z0f.shape), z0f.dtype) if scale is None else scale
     keys = host.key_batch(key_run, num_restarts)
     rate = float(learning_rate)
     for _ in range(3 if rescale else 1):
         z, last_grad, mu, nu, losses = _optimise(
-            spec, structure, layout, optimizer, rate, num_iterations, sampled, z0f, scaling,
-            keys, rows, sample_arrays,
+            spec, structure, layout, optimizer, rate, num_iterations, sampled, z0f, scale, keys,
+            rows, sample_arrays,
         )  # fmt: skip
         losses = np.asarray(losses)
         finite = np.all(np.isfinite(losses), axis=1)
