@@ -180,7 +180,7 @@ class Tuned(NamedTuple):
 
     def law(self) -> tuple:
         """``(mean, root)`` of the predicted law on the device, ``root`` the covariance's
-        square root: the arguments of :func:`predicted_draw` (drawn inside the program that
+        square root: the arguments of ``predicted_draw`` (drawn inside the program that
         starts the chains)."""
         mean = host.device_array(self.mean)
         root = jax.tree.map(lambda a: host.device_array(a, mean.dtype), self.covariance.sqrt())
