@@ -393,3 +393,42 @@ def test_the_control_variate_noise_probes_on_rows_of_their_own():
     # the mean of 24 estimates, each of the 100 entries within 4.5 standard errors of the exact
     z = (draws.mean(0) - exact) / (draws.std(axis=0, ddof=1) / np.sqrt(len(draws)))
     assert np.max(np.abs(z)) < 4.5, np.sort(np.abs(z))[-5:]
+
+
+def group_intercepts(group, y=None, num_groups=30):
+    alpha = numpyro.sample("alpha", dist.Normal(0.0, 2.0).expand([num_groups]).to_event(1))
+    with numpyro.plate("data", group.shape[0], subsample_size=100):
+        gb = numpyro.subsample(group, event_dim=0)
+        yb = None if y is None else numpyro.subsample(y, event_dim=0)
+        numpyro.sample("y", dist.Bernoulli(logits=alpha[gb]), obs=yb)
+
+
+def test_the_control_variate_noise_is_its_average_over_the_chains_law_not_far_out():
+    """Up to 64 parameters the control-variate noise's probes are a Hadamard design, one sd
+    along every direction: the estimate is the noise averaged over ``N(0, Σ)``, the law the
+    chain samples, even where the per-datum gradient is far from linear a few sds out.
+    Group intercepts (each moves only its own rows' logits, ``p ≈ 0.18``): the per-datum
+    covariance of ``∇l_i(α̂ + δ) - ∇l_i(α̂)`` averaged over ``δ ~ N(0, s²I)``, by quadrature in
+    float64, is matched within 2%; probes ``√30`` sds along one intercept each put it 57% high
+    (the run's sds of a 40-group hierarchy then 10% narrow)."""
+    from numpyro_sgmc.data.model import prepare_model
+    from numpyro_sgmc.scales import Dense
+    from numpyro_sgmc.tuner.fisher import control_variate_noise
+
+    n, k, a, s = 3000, 30, -1.5, 0.15
+    group = np.arange(n) % k
+    y = (np.random.default_rng(0).random(n) < 0.18).astype(np.float32)
+    args = (jnp.asarray(group), jnp.asarray(y))
+    prepared = prepare_model(KEY, group_intercepts, args, {})
+    params = {"alpha": jnp.full(k, a)}
+    noise, error = control_variate_noise(
+        prepared, KEY, args, {}, params, Dense(np.eye(k) * s**2), num_rows=n
+    )
+    # every group has n/k rows with the same gradient change Δ(δ) = σ(a + δ) - σ(a), and the
+    # other rows none: Cov_i = (1/k - 1/k²) E[Δ²]
+    t, w = np.polynomial.hermite_e.hermegauss(60)
+    change = 1 / (1 + np.exp(-(a + s * t))) - 1 / (1 + np.exp(-a))
+    exact = (1 / k - 1 / k**2) * np.sum(w * change**2) / np.sum(w)
+    ratio = np.diag(np.asarray(noise["data"].as_matrix())) / exact
+    np.testing.assert_allclose(ratio, 1.0, atol=0.02)
+    assert np.all(error["data"] == 0.0)  # a design, not random draws: no error of its own
