@@ -65,6 +65,7 @@ __all__ = [
     "Correlations",
     "Fit",
     "Nonlinearity",
+    "PolishNotSettled",
     "Problem",
     "correlations",
     "fit",
@@ -113,6 +114,19 @@ class Problem(NamedTuple):
     rng_key: object
 
 
+class PolishNotSettled(Exception):
+    """The Newton steps of ``fit(..., must_settle=True)`` did not settle at a mode (or failed
+    on the way); the caller starts them from an optimizer's mode instead.
+
+    :param float epochs: the passes over the data the attempt made (its Newton passes and its
+        information rows as a share of ``n``), counted in the setup cost.
+    """
+
+    def __init__(self, epochs: float):
+        super().__init__(f"the Newton steps did not settle after {epochs:.3g} epochs")
+        self.epochs = epochs
+
+
 class Fit(NamedTuple):
     """The mode, the information there and how far to trust them.
 
@@ -153,8 +167,12 @@ class Fit(NamedTuple):
     unreached: float = 0.0
 
 
-def fit(problem: Problem, warm, weights) -> Fit:
-    """The local picture for ``weights`` (module docstring)."""
+def fit(problem: Problem, warm, weights, must_settle: bool = False) -> Fit:
+    """The local picture for ``weights`` (module docstring).
+
+    ``must_settle``: raise :class:`PolishNotSettled`, without a warning, where the Newton
+    steps do not settle at a mode or fail on the way (``warm`` is then the model's start, not
+    an optimizer's mode: :func:`~numpyro_sgmc.autotune` runs the optimizer and fits again)."""
     prepared, options = problem.prepared, problem.options
     n, d = prepared.num_data, prepared.layout.size
     dense = d <= DENSE_MAX_DIM if options.dense is None else bool(options.dense)
@@ -176,9 +194,17 @@ def fit(problem: Problem, warm, weights) -> Fit:
     u = None if warm.potential is None else float(warm.potential[warm.best])
     # a sample's mode lies about sqrt(d (n/m - 1)) posterior sds from the data's
     apart = 0.0 if warm.sample_size is None else math.sqrt(d * (n / warm.sample_size - 1.0))
-    mode, distance, passes, info, exact, settled, remaining = newton_polish(
-        problem, warm.member(warm.best), gradient, info_at, potential=u, distance=apart
-    )
+    try:
+        mode, distance, passes, info, exact, settled, remaining = newton_polish(
+            problem, warm.member(warm.best), gradient, info_at, potential=u, distance=apart,
+            warn_unsettled=not must_settle,
+        )  # fmt: skip
+    except (FloatingPointError, ValueError):  # a J not finite, or not usable, on the way
+        if not must_settle:
+            raise
+        settled, passes = False, 0
+    if must_settle and not settled:
+        raise PolishNotSettled(passes + visited / n)
     unreached = 0.0 if settled else remaining
     if info is None or info.regularization > 0 or options.regularize is not None:
         try:
@@ -384,6 +410,7 @@ def newton_polish(
     tol=0.05,
     potential=None,
     distance=0.0,
+    warn_unsettled=True,
 ):
     """Damped Newton steps ``θ̂ + J⁻¹ḡ`` from the warm start's mode, with exact full-data
     gradients ``ḡ``: the convergence test of the warm start, relative to the curvature.
@@ -398,9 +425,10 @@ def newton_polish(
     the log posterior is far from quadratic, as a hierarchical scale's is). Where ``J`` is not
     positive definite (the mode not reached) it is lifted to the Levenberg–Marquardt ``J + rI``.
     ``J`` is re-estimated from the information rows (``info_at``) after a long or damped step,
-    or when the steps stop shrinking by half; otherwise the same ``J`` is reused (a chord
+    or when the steps stop shrinking by half (within 3 sds of the mode at most
+    ``max_curvatures`` times); otherwise the same ``J`` is reused (a chord
     iteration: one pass over the data per step). A mode not reached in ``max_passes`` steps gets
-    a :class:`~numpyro_sgmc.diagnostics.ConvergenceWarning`.
+    a :class:`~numpyro_sgmc.diagnostics.ConvergenceWarning` (unless not ``warn_unsettled``).
 
     :param potential: ``U`` at ``mode`` where known (the pass that gave ``gradient``); else
         one more pass computes it.
@@ -452,11 +480,14 @@ def newton_polish(
         if steps == max_passes:
             break
         contracting = distance <= 0.5 * previous
-        if curvatures < max_curvatures and not fresh:
-            if not exact or distance > 3.0 or not contracting:
+        # farther than 3 sds every step gets a fresh J (from a start hundreds of sds away, a
+        # dozen of them); nearer, at most max_curvatures in all
+        far = distance > 3.0
+        if not fresh and (far or curvatures < max_curvatures):
+            if not exact or far or not contracting:
                 info, curvatures, fresh = (
                     info_at(_point(layout, x, dtype), "auto"),
-                    curvatures + 1,
+                    curvatures + (not far),
                     True,
                 )
                 continue
@@ -478,7 +509,7 @@ def newton_polish(
         elif fraction < 1.0:
             trust = max(trust * fraction, 1.0)
         previous, previous_fresh, fresh = distance, fresh, False
-    if not settled:
+    if not settled and warn_unsettled:
         warn(
             f"The warm start stopped {first:.3g} posterior standard deviations from the mode, "
             f"and {steps} damped Newton steps did not reach it (the last still "

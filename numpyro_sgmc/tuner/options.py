@@ -23,7 +23,12 @@ class AutotuneOptions(NamedTuple):
         plate, or ``{plate: int}``.
     :param row: a Table 1 row to force (:data:`~numpyro_sgmc.theory.TABLE_1`) that reaches the
         target; ``None`` for the cheapest.
-    :param float warm_start_epochs: epochs of the warm start's Adam.
+    :param warm_start_epochs: epochs of the warm start's Adam; ``None`` (the default): Newton
+        steps from the start itself where they are cheap (the data in memory, at most
+        :data:`~numpyro_sgmc.tuner.rows.WARM_START_SAMPLE_ROWS` rows, one restart, at most
+        :data:`~numpyro_sgmc.tuner.tuning.NEWTON_START_MAX_DIM` parameters), and
+        :data:`~numpyro_sgmc.tuner.tuning.WARM_START_EPOCHS` epochs of Adam first where they
+        do not settle or do not apply.
     :param float learning_rate: the warm start's Adam learning rate.
     :param int num_restarts: warm-start restarts (the best is kept).
     :param num_rows: rows for ``J`` and ``I`` to start with (``None``: all ``n``;
@@ -54,7 +59,7 @@ class AutotuneOptions(NamedTuple):
 
     batch_size: Union[None, int, dict]
     row: Optional[str]
-    warm_start_epochs: float
+    warm_start_epochs: Optional[float]
     learning_rate: float
     num_restarts: int
     num_rows: Optional[int]
@@ -78,7 +83,7 @@ class AutotuneOptions(NamedTuple):
             min_batch_size=validation.positive_int("min_batch_size", self.min_batch_size),
             learning_rate=validation.positive_number("learning_rate", self.learning_rate),
             warm_start_epochs=validation.positive_number(
-                "warm_start_epochs", self.warm_start_epochs
+                "warm_start_epochs", self.warm_start_epochs, allow_none=True
             ),
             tolerance=validation.number_in("tolerance", self.tolerance, 0, 1),
             num_rows=validation.positive_int("num_rows", self.num_rows, allow_none=True),

@@ -41,10 +41,11 @@ class TuningReport(NamedTuple):
     :param int gradient_evaluations_per_iteration: ``b``, or ``2b`` with control variates.
     :param float setup_epochs: passes over the data before sampling (warm start, information
         rows, Newton passes, the control-variate centre).
-    :param float newton_step: the first Newton step's length from the warm start's mode, in
-        posterior sds; ``mode_distance``: how far from the mode the Newton steps stopped, in
-        posterior sds, where they did not settle (0 where they did;
-        ``Fit.unreached`` of :mod:`~numpyro_sgmc.tuner.laplace`).
+    :param float newton_step: the first Newton step's length from the warm start's mode (or
+        the start itself, where ``warm_start.num_epochs`` is 0), in posterior sds;
+        ``mode_distance``: how far from the mode the Newton steps stopped, in posterior sds,
+        where they did not settle (0 where they did; ``Fit.unreached`` of
+        :mod:`~numpyro_sgmc.tuner.laplace`).
     :param dict mode: unconstrained mode (``init_params`` for ``MCMC.run``); ``constrained_mode``
         the same in constrained space.
     :param information: the :class:`~numpyro_sgmc.tuner.fisher.Information` at the mode;
@@ -165,8 +166,7 @@ def describe(report: TuningReport) -> str:
         f"{report.autocorrelation_per_draw().max():.3g}",
         f"  information ({info.kind}) from {info.num_rows} rows: "
         f"cond(J) = {info.condition_numbers['J']:.3g}, "
-        f"cond(I) = {info.condition_numbers['I']:.3g}; warm-start mode moved "
-        f"{report.newton_step:.2g} posterior sd by a Newton step",
+        f"cond(I) = {info.condition_numbers['I']:.3g}; " + _newton_line(report),
     ]
     if report.mode_distance > UNREACHED_SDS:
         lines.append(
@@ -232,3 +232,10 @@ def describe(report: TuningReport) -> str:
         f"of sampling, after {report.setup_epochs:.3g} epochs of setup"
     )
     return "\n".join(lines)
+
+
+def _newton_line(report: TuningReport) -> str:
+    """Where the Newton steps started: the model's start (no optimizer ran) or Adam's mode."""
+    if report.warm_start is not None and report.warm_start.num_epochs == 0:
+        return f"Newton steps from the start, the first {report.newton_step:.2g} posterior sd long"
+    return f"warm-start mode moved {report.newton_step:.2g} posterior sd by a Newton step"
