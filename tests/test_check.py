@@ -42,8 +42,10 @@ def test_a_prediction_known_to_tens_of_percent_cannot_pass(thin_category):
     # 100-200 information rows hold 2-4 of the rare category's: its sd is known to tens of
     # percent. The tuner doubles the rows where its estimates ask for it, up to all of them
     # for some keys; the rows are NumPy draws of the key, the same on every machine, and for
-    # this key it stops at 200 (an error of about 0.8)
-    report, mcmc = _check(*thin_category, key=2, num_rows=100, tolerance=0.9)
+    # this key it stops at 200 (an error of about 0.8) after Adam's warm start (from the start
+    # itself, the Newton steps draw other rows: they stop at 100, and the run is rightly failed
+    # on theta[1], 7% narrower than NUTS's with the prediction's error 4.7%)
+    report, mcmc = _check(*thin_category, key=2, num_rows=100, tolerance=0.9, warm_start_epochs=5)
     assert report.prediction_error[2] > 0.2
     with pytest.warns(RunCheckWarning, match="check_run cannot check"):
         check = check_run(mcmc, report, print_table=False)

@@ -167,11 +167,16 @@ def test_a_warm_start_on_a_row_sample_finds_the_samples_mode_and_autotune_the_da
     # Adam's tail average on batches of 20 is about one sd from its optimum
     assert apart > 2 and to_sample < 0.5 * apart < to_data, (apart, to_sample, to_data)
 
-    _, full = autotune(logistic_regression, jax.random.key(1), X, y, model_kwargs=small)
+    _, full = autotune(logistic_regression, jax.random.key(1), X, y, model_kwargs=small,
+                       warm_start_epochs=5)  # fmt: skip
+    _, start = autotune(logistic_regression, jax.random.key(1), X, y, model_kwargs=small)
     monkeypatch.setattr(tuning, "WARM_START_SAMPLE_ROWS", 2000)
     _, sampled = autotune(logistic_regression, jax.random.key(1), X, y, model_kwargs=small)
     assert sampled.warm_start.num_epochs == pytest.approx(1.0)
     assert full.warm_start.num_epochs == pytest.approx(5.0)
+    assert start.warm_start.num_epochs == 0  # on every row: Newton steps from the start
+    np.testing.assert_allclose(start.predicted_sd, full.predicted_sd, rtol=0.01)
+    assert np.max(np.abs(np.asarray(start.mode["theta"]) - mode) / sds) < 0.1
     assert np.max(np.abs(np.asarray(sampled.mode["theta"]) - mode) / sds) < 0.1
     np.testing.assert_allclose(sampled.predicted_sd, full.predicted_sd, rtol=0.01)
 

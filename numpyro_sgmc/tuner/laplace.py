@@ -61,6 +61,7 @@ from numpyro_sgmc.tuner.rows import (
 
 __all__ = [
     "DENSE_MAX_DIM",
+    "START_CURVATURES",
     "UNREACHED_SDS",
     "Correlations",
     "Fit",
@@ -89,6 +90,12 @@ without an error bar: ``check_run``'s own bound on a run's mean from the tuning'
 VISITED_RISE = 4.5
 """A probe of the linearity profile whose potential has risen by at most this much (in nats:
 a Gaussian's at 3 of its sds) is one a chain visits."""
+
+START_CURVATURES = 24
+"""The most estimates of ``J`` the Newton steps from the model's start make (``fit`` with
+``must_settle``): from a start hundreds of sds away each long step gets a fresh one, a dozen
+before the last few sds (a Poisson regression on raw covariates), where a heavy-tailed ``J``
+may need more rows."""
 
 SETTLING_SDS = 0.2
 """Distance to the mode (posterior sds) within which the Newton polish may take its last
@@ -194,10 +201,12 @@ def fit(problem: Problem, warm, weights, must_settle: bool = False) -> Fit:
     u = None if warm.potential is None else float(warm.potential[warm.best])
     # a sample's mode lies about sqrt(d (n/m - 1)) posterior sds from the data's
     apart = 0.0 if warm.sample_size is None else math.sqrt(d * (n / warm.sample_size - 1.0))
+    # from the start, more estimates of J (START_CURVATURES), and no warning where they fail
+    start = {"max_curvatures": START_CURVATURES, "warn_unsettled": False} if must_settle else {}
     try:
         mode, distance, passes, info, exact, settled, remaining = newton_polish(
             problem, warm.member(warm.best), gradient, info_at, potential=u, distance=apart,
-            warn_unsettled=not must_settle,
+            **start,
         )  # fmt: skip
     except (FloatingPointError, ValueError):  # a J not finite, or not usable, on the way
         if not must_settle:
@@ -425,8 +434,7 @@ def newton_polish(
     the log posterior is far from quadratic, as a hierarchical scale's is). Where ``J`` is not
     positive definite (the mode not reached) it is lifted to the Levenberg–Marquardt ``J + rI``.
     ``J`` is re-estimated from the information rows (``info_at``) after a long or damped step,
-    or when the steps stop shrinking by half (within 3 sds of the mode at most
-    ``max_curvatures`` times); otherwise the same ``J`` is reused (a chord
+    or when the steps stop shrinking by half; otherwise the same ``J`` is reused (a chord
     iteration: one pass over the data per step). A mode not reached in ``max_passes`` steps gets
     a :class:`~numpyro_sgmc.diagnostics.ConvergenceWarning` (unless not ``warn_unsettled``).
 
@@ -480,14 +488,11 @@ def newton_polish(
         if steps == max_passes:
             break
         contracting = distance <= 0.5 * previous
-        # farther than 3 sds every step gets a fresh J (from a start hundreds of sds away, a
-        # dozen of them); nearer, at most max_curvatures in all
-        far = distance > 3.0
-        if not fresh and (far or curvatures < max_curvatures):
-            if not exact or far or not contracting:
+        if curvatures < max_curvatures and not fresh:
+            if not exact or distance > 3.0 or not contracting:
                 info, curvatures, fresh = (
                     info_at(_point(layout, x, dtype), "auto"),
-                    curvatures + (not far),
+                    curvatures + 1,
                     True,
                 )
                 continue
