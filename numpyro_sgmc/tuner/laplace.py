@@ -211,7 +211,7 @@ def fit(problem: Problem, warm, weights, must_settle: bool = False) -> Fit:
     except (FloatingPointError, ValueError):  # a J not finite, or not usable, on the way
         if not must_settle:
             raise
-        settled, passes = False, 0
+        settled, passes = False, 0  # the passes before the failure are not known here
     if must_settle and not settled:
         raise PolishNotSettled(passes + visited / n)
     unreached = 0.0 if settled else remaining

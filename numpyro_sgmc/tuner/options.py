@@ -24,7 +24,7 @@ class AutotuneOptions(NamedTuple):
     :param row: a Table 1 row to force (:data:`~numpyro_sgmc.theory.TABLE_1`) that reaches the
         target; ``None`` for the cheapest.
     :param warm_start_epochs: epochs of the warm start's Adam; ``None`` (the default): Newton
-        steps from the start itself where they are cheap (the data in memory, at most
+        steps from the start itself where they are cheap (at most
         :data:`~numpyro_sgmc.tuner.rows.WARM_START_SAMPLE_ROWS` rows, one restart, at most
         :data:`~numpyro_sgmc.tuner.tuning.NEWTON_START_MAX_DIM` parameters), and
         :data:`~numpyro_sgmc.tuner.tuning.WARM_START_EPOCHS` epochs of Adam first where they

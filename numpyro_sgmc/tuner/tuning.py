@@ -259,10 +259,11 @@ def _newton_from_start(prepared, options) -> bool:
     runs on a sample of them, and every Newton step is a pass over all of them).
 
     From the start of a near-Gaussian posterior the damped steps reach the mode in a few
-    passes (logistic regression at ``n = 10⁵``: about six; a 40-group hierarchy about ten), and
-    a first call then compiles no optimizer loop (its largest program: 0.7 s of a 2.4 s
-    compilation at ``n = 10⁵``; ``benchmarks/README.md``). Where they do not settle in 20
-    steps, Adam runs and the steps start again from its mode."""
+    passes (a logistic regression at ``n = 10⁵``: 7.6 epochs of setup in all; the models of
+    ``benchmarks/user_models.py``: 8-30), and a first call then compiles no optimizer loop
+    (its largest program: 0.7 s of a 2.4 s compilation at ``n = 10⁵``;
+    ``benchmarks/README.md``). Where they do not settle in 20 steps, Adam runs and the steps
+    start again from its mode."""
     if options.warm_start_epochs is not None or options.num_restarts != 1:
         return False
     rows = sum(p.size for p in prepared.plates)
