@@ -485,3 +485,32 @@ def test_large_data_in_memory_reach_the_device_once(capfd):
     assert "host-to-device transfer" in transfers  # the guard's log is seen
     whole = [line for line in transfers.splitlines() if f"[{n},3]" in line]
     assert len(whole) == 1, whole[:5]
+
+
+def test_where_the_newton_steps_from_the_start_do_not_settle_adam_runs_first(counts, monkeypatch):
+    """By default the Newton steps start from the model's start; where they do not settle
+    (forced here), Adam runs and the steps start again from its mode: the tuning is that of
+    Adam first, and the attempt's passes count in the setup."""
+    from numpyro_sgmc.tuner import tuning
+    from numpyro_sgmc.tuner.laplace import PolishNotSettled
+
+    X, y, _ = counts
+    _, start = autotune(poisson_regression, KEY, X, y)
+    assert start.warm_start.num_epochs == 0 and "Newton steps from the start" in str(start)
+    _, adam = autotune(poisson_regression, KEY, X, y, warm_start_epochs=5)
+    assert adam.warm_start.num_epochs == 5 and "warm-start mode moved" in str(adam)
+    np.testing.assert_allclose(start.predicted_sd, adam.predicted_sd, rtol=0.01)
+
+    fit = tuning.fit
+
+    def unsettled_from_start(problem, warm, weights, must_settle=False):
+        if must_settle:
+            raise PolishNotSettled(7.0)
+        return fit(problem, warm, weights)
+
+    monkeypatch.setattr(tuning, "fit", unsettled_from_start)
+    _, fallback = autotune(poisson_regression, KEY, X, y)
+    assert fallback.warm_start.num_epochs == 5
+    np.testing.assert_array_equal(fallback.predicted_sd, adam.predicted_sd)
+    # the attempt's 7 epochs and its pass at the start
+    assert fallback.setup_epochs == pytest.approx(adam.setup_epochs + 8.0)
