@@ -464,12 +464,9 @@ def warm_start_of(
             distance[k] = float(np.sqrt(max(n * float(g @ step), 0.0)))
     tol = max(3.0, 2.0 * math.sqrt(d)) if tol is None else tol
     converged = distance <= tol if check else None
-    exclude = prepared.per_datum_sites
-    # with the Jacobian where the tuner maps a dense covariance: one program for both
-    jacobian = prepared.layout if d <= DENSE_MAX_DIM else None
     result = WarmStart(
         params=z,
-        constrained=constrained(spec, z, args, kwargs, exclude, True, jacobian)[0],
+        constrained=_constrained_points(prepared, z, args, kwargs),
         gradient=gradient,
         first_moment=mu,
         second_moment=nu,
@@ -513,10 +510,9 @@ def start_point_of(
     args, kwargs = tuple(model_args), dict(model_kwargs or {})
     potentials, gradient = exact_gradient(spec, z, args, kwargs, int(chunk_size), batched=True)
     potentials = np.asarray(potentials, np.float64)
-    jacobian = prepared.layout if prepared.layout.size <= DENSE_MAX_DIM else None
     return WarmStart(
         params=z,
-        constrained=constrained(spec, z, args, kwargs, prepared.per_datum_sites, True, jacobian)[0],
+        constrained=_constrained_points(prepared, z, args, kwargs),
         gradient=gradient,
         first_moment=None,
         second_moment=None,
@@ -528,6 +524,15 @@ def start_point_of(
         plates=spec.plates,
         potential=potentials,
     )
+
+
+def _constrained_points(prepared, z, args, kwargs) -> dict:
+    """The points ``z`` (with the restart axis) in constrained space, with the deterministic
+    sites; computed with the Jacobian where the tuner maps a dense covariance (up to
+    ``DENSE_MAX_DIM`` parameters), so that its own call finds the program compiled."""
+    jacobian = prepared.layout if prepared.layout.size <= DENSE_MAX_DIM else None
+    spec, exclude = prepared.spec, prepared.per_datum_sites
+    return constrained(spec, z, args, kwargs, exclude, True, jacobian)[0]
 
 
 _MIN_ITERATIONS = 1000  # Adam's steps on a row sample, at least
