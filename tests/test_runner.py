@@ -94,11 +94,15 @@ _PEAK = textwrap.dedent(
     X = jax.random.normal(jax.random.key(0), (n, 2))
     y = jax.random.normal(jax.random.key(1), (n,))
     data = X.nbytes + y.nbytes
-    process, peak = psutil.Process(), [0]
+    process, peak, lock = psutil.Process(), [0], threading.Lock()
 
+    # the lock keeps a reset from being overwritten by a poll that read the old peak (the
+    # data's creation) before it: under load that race counted a copy that was not there
     def poll():
         while True:
-            peak[0] = max(peak[0], process.memory_info().rss)
+            rss = process.memory_info().rss
+            with lock:
+                peak[0] = max(peak[0], rss)
             time.sleep(0.001)
 
     threading.Thread(target=poll, daemon=True).start()
@@ -106,7 +110,8 @@ _PEAK = textwrap.dedent(
     def extra(run):
         run()  # compile first
         time.sleep(0.05)
-        peak[0] = base = process.memory_info().rss
+        with lock:
+            peak[0] = base = process.memory_info().rss
         run()
         time.sleep(0.05)
         return (peak[0] - base) / data
