@@ -6,6 +6,7 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
+from numpyro.distributions import constraints
 
 from numpyro_sgmc.data.subsample import SubsamplePlate
 from numpyro_sgmc.tuner.fisher import information
@@ -245,9 +246,9 @@ def duplicated_columns(n=500, seed=0):
 
 
 def flat_prior_regression(X, y):
-    # a prior this wide is flat: prepare_model traces the model by sampling, which an
-    # ImproperUniform site does not support
-    theta = numpyro.sample("theta", dist.Normal(0.0, 1e6).expand([X.shape[1]]).to_event(1))
+    theta = numpyro.sample(
+        "theta", dist.ImproperUniform(constraints.real, (), event_shape=(X.shape[1],))
+    )
     with numpyro.plate("data", X.shape[0], subsample_size=50):
         Xb = numpyro.subsample(X, event_dim=1)
         numpyro.sample("y", dist.Normal(Xb @ theta, 1.0), obs=numpyro.subsample(y, event_dim=0))

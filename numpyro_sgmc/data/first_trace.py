@@ -15,7 +15,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpyro
-from numpyro.handlers import seed, trace
+from numpyro.handlers import seed, substitute, trace
+from numpyro.infer.initialization import init_to_uniform
 from numpyro.primitives import _PYRO_STACK, Messenger, plate
 
 from numpyro_sgmc.data import validation
@@ -235,9 +236,10 @@ def first_trace(model, rng_key, model_args, model_kwargs) -> tuple:
 
     check = _DataCheck(model, {}, validation.row_counts(model, model_args, model_kwargs))
     try:
-        model_trace = _structure(
-            seed(first_rows(check), rng_key), check, labels, model_args, model_kwargs
-        )
+        # latent values from init_to_uniform, not the prior: a site with no sampler (an
+        # ImproperUniform's flat prior, as NUTS allows) has a value all the same
+        seeded = substitute(seed(first_rows(check), rng_key), substitute_fn=init_to_uniform)
+        model_trace = _structure(seeded, check, labels, model_args, model_kwargs)
     except AssertionError as err:
         if "size of plate should be positive" not in str(err):
             raise
