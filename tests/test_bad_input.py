@@ -177,19 +177,23 @@ def test_labels_one_row_shorter_than_the_covariates(problem):
     assert "X.shape[0]" not in message  # the plate is sized by the data already
 
 
-def indexed_regression(size):
-    """A regression that indexes its data with the indices of a plate of ``size`` rows."""
+def indexed_regression(size, flat=False):
+    """A regression that indexes its data with the indices of a plate of ``size`` rows, its
+    prior normal or flat (an ImproperUniform, which has no sampler)."""
 
     def model(X, y, prior_scale):
-        theta = numpyro.sample("theta", dist.Normal(0.0, prior_scale).to_event(1))
+        normal = dist.Normal(0.0, prior_scale).to_event(1)
+        prior = dist.ImproperUniform(normal.support, (), normal.event_shape) if flat else normal
+        theta = numpyro.sample("theta", prior)
         with numpyro.plate("data", size(X), subsample_size=100) as idx:
             numpyro.sample("y", dist.Normal(X[idx] @ theta, 1.0), obs=y[idx])
 
     return model
 
 
-def test_hand_indexed_plate_smaller_than_the_data(problem):
-    half = indexed_regression(lambda X: X.shape[0] // 2)
+@pytest.mark.parametrize("flat", [False, True])
+def test_hand_indexed_plate_smaller_than_the_data(problem, flat):
+    half = indexed_regression(lambda X: X.shape[0] // 2, flat)
     with pytest.raises(ValueError) as err:
         run(SGLD(half, 1e-3), problem.X, problem.y, jnp.full(3, 10.0))
     message = str(err.value)
@@ -201,7 +205,7 @@ def test_hand_indexed_plate_smaller_than_the_data(problem):
     assert "scaled by 2500/100 instead of 5000/100" in message
     assert "numpyro.plate('data', X.shape[0], subsample_size=100)" in message
     # sized by the data, the same model samples; its (3,) prior scale is no per-row argument
-    whole = indexed_regression(lambda X: X.shape[0])
+    whole = indexed_regression(lambda X: X.shape[0], flat)
     assert run(SGLD(whole, 1e-4), problem.X, problem.y, jnp.full(3, 10.0)).get_samples()
 
 

@@ -33,7 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from numpyro.handlers import seed
+from numpyro.handlers import seed, substitute
+from numpyro.infer.initialization import init_to_uniform
 from numpyro.primitives import Messenger
 from numpyro.util import not_jax_tracer
 
@@ -798,7 +799,7 @@ def check_indexed_rows(model: Callable, plates: tuple, names, model_args, model_
                 flat[k] = v
             args, kwargs = jax.tree.unflatten(treedef, flat)
             with subsample_indices(indices={plate.name: idx}):
-                seed(model, 0)(*args, **kwargs)
+                substitute(seed(model, 0), substitute_fn=init_to_uniform)(*args, **kwargs)
 
         idx = jax.ShapeDtypeStruct((plate.batch_size,), jnp.int32)
         values = [jax.ShapeDtypeStruct(np.shape(leaves[k]), leaves[k].dtype) for k in arrays]
