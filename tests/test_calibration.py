@@ -20,6 +20,7 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
+from numpyro.distributions import constraints
 from scipy import stats
 
 from numpyro_sgmc import calibration
@@ -228,6 +229,13 @@ def test_prior_simulator_draws_the_prior_and_the_model_on_every_row():
         calibration.prior_simulator(
             linear_regression, covariates, jax.random.key(0), observed="obs"
         )(0)
+
+    def flat(X, y=None):
+        theta = numpyro.sample("theta", dist.ImproperUniform(constraints.real, (), (3,)))
+        numpyro.sample("y", dist.Normal(X @ theta, 1.0).to_event(1), obs=y)
+
+    with pytest.raises(ValueError, match="Site 'theta' has a distribution with no sampler"):
+        calibration.prior_simulator(flat, covariates, jax.random.key(0), observed="y")(0)
 
 
 def test_plots(references, monkeypatch):

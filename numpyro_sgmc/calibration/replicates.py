@@ -447,8 +447,16 @@ def prior_simulator(
 
     def simulate(seed: int):
         args = tuple(covariates(seed))
-        seeded = handlers.seed(full_data(model), random.fold_in(rng_key, seed))
-        trace = handlers.trace(seeded).get_trace(*args, **model_kwargs)
+        seeded = _LastSite(handlers.seed(full_data(model), random.fold_in(rng_key, seed)))
+        try:
+            trace = handlers.trace(seeded).get_trace(*args, **model_kwargs)
+        except NotImplementedError as err:
+            raise ValueError(
+                f"Site '{seeded.name}' has a distribution with no sampler (an ImproperUniform's "
+                "flat prior, say), so simulation-based calibration cannot draw it from its "
+                "prior: give it a proper prior, or pass calibrate a simulate that returns "
+                "(truth, data) from a process of your own."
+            ) from err
         if observed not in trace:
             raise ValueError(f"The model has no site {observed!r}; its sites: {list(trace)}.")
         truth = {
@@ -459,3 +467,13 @@ def prior_simulator(
         return truth, args + (trace[observed]["value"],)
 
     return simulate
+
+
+class _LastSite(handlers.Messenger):
+    """Keeps the name of the last sample site the model reached (the one whose draw raised)."""
+
+    name = None
+
+    def process_message(self, msg):
+        if msg["type"] == "sample":
+            self.name = msg["name"]
