@@ -115,6 +115,19 @@ def test_more_rows_in_a_batch_than_in_the_data(problem):
     assert "full-data gradients" in message
 
 
+def test_a_batch_of_no_rows_names_the_option_it_came_from(problem):
+    def empty_batches(X, y):
+        theta = numpyro.sample("theta", dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+        with numpyro.plate("data", X.shape[0], subsample_size=0):
+            Xb, yb = numpyro.subsample(X, event_dim=1), numpyro.subsample(y, event_dim=0)
+            numpyro.sample("y", dist.Normal(Xb @ theta, 1.0), obs=yb)
+
+    with pytest.raises(ValueError, match=r"numpyro.plate\('data', ..., subsample_size=0\): a "):
+        autotune(empty_batches, jax.random.key(0), problem.X, problem.y)
+    with pytest.raises(ValueError, match="batch_size=0 for plate 'data': a batch must be"):
+        autotune(regression, jax.random.key(0), problem.X, problem.y, batch_size={"data": 0})
+
+
 def test_batch_of_all_rows_is_full_data_gradients(problem):
     X, y = problem.X[:100], problem.y[:100]
     kernel = SGD(regression, 1e-2, num_steps=5)

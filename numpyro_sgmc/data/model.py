@@ -506,7 +506,15 @@ def _batch_sizes(plates: tuple, batch_size) -> tuple:
         else:
             b = p.batch_size if batch_size is None else batch_size
         if not isinstance(b, (int, np.integer)) or isinstance(b, bool) or b < 1:
-            raise ValueError(f"batch_size for plate '{p.name}' must be a positive int, got {b!r}.")
+            given = (
+                f"the model's numpyro.plate('{p.name}', ..., subsample_size={b!r})"
+                if batch_size is None or (isinstance(batch_size, dict) and p.name not in batch_size)
+                else f"batch_size={b!r} for plate '{p.name}'"
+            )
+            raise ValueError(
+                f"{given}: a batch must be a positive int number of rows (subsample_size=100, "
+                "say; subsample_size equal to the plate's size means full-data gradients)."
+            )
         if b > p.size:
             raise ValueError(
                 f"batch_size={b} is larger than the data: plate '{p.name}' has size {p.size}. "

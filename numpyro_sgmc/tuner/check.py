@@ -344,7 +344,8 @@ def _unchecked(names, report, pred_error, indep_error) -> list:
         cause = (
             "the posterior is not Gaussian along the directions the tuner probed, so no "
             "Laplace picture predicts these sds to 20%; compare the run with NUTS on a "
-            "subsample, or reparameterise (a non-centred or log scale)"
+            "subsample, or reparameterise (a non-centred or log scale; for a mixture, "
+            "ordered components started at the mode you want)"
         )
     else:
         cause = (

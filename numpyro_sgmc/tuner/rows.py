@@ -29,10 +29,12 @@ from numpyro_sgmc.kernels.curvature import random_rows
 __all__ = [
     "CONTROL_VARIATE_ROWS",
     "CORRELATION_ROWS",
+    "CORRELATION_ROWS_PER_PARAMETER",
     "INFORMATION_ROWS",
     "LINEARITY_ROWS",
     "MAX_PROBES",
     "NEWTON_ROWS",
+    "NEWTON_ROWS_PER_PARAMETER",
     "PROBES",
     "WARM_START_CHECK_ROWS",
     "WARM_START_ROWS",
@@ -60,10 +62,22 @@ LINEARITY_ROWS = 4_000
 (:func:`~numpyro_sgmc.tuner.laplace.linearity`)."""
 
 CORRELATION_ROWS = 10_000
-"""The most rows :func:`~numpyro_sgmc.tuner.laplace.correlations` solves on."""
+"""The most rows :func:`~numpyro_sgmc.tuner.laplace.correlations` solves on, up to
+:data:`CORRELATION_ROWS_PER_PARAMETER` ``d``."""
+
+CORRELATION_ROWS_PER_PARAMETER = 8
+"""Rows per parameter of :func:`~numpyro_sgmc.tuner.laplace.correlations` at least: its
+extrapolation to every row needs a half sample of at least ``2d`` rows, whose Hessian is
+well away from singular (a Wishart's inverse grows as ``m/(m - d - 1)``)."""
 
 NEWTON_ROWS = 20_000
-"""The most rows of the Hessian behind a diagonal ``J``'s Newton direction."""
+"""Up to this many rows, the Hessian behind a diagonal ``J``'s Newton direction is every
+row's; above, that of a sample of :data:`NEWTON_ROWS` or more."""
+
+NEWTON_ROWS_PER_PARAMETER = 32
+"""Rows per parameter of the sample behind a diagonal ``J``'s Newton direction at least: the
+inverse of a Hessian from ``m`` rows stretches some directions by up to ``(1 - √(d/m))⁻²``,
+1.5 at ``m = 32d``, which the line search's first halving absorbs."""
 
 WARM_START_ROWS = 1_024
 """Rows of the empirical Fisher diagonal that sets the warm start's parameter scales."""
