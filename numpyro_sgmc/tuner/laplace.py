@@ -405,7 +405,9 @@ def correlations(problem, mode, info, max_rows=CORRELATION_ROWS, num_probes=PROB
     # every row: H is the data's own. Else the sample and its two halves (even, odd rows)
     samples = [rows]
     if kappa > 0.0:
-        samples += [{k: v[start::2] for k, v in rows.items()} for start in (0, 1)]
+        samples += [
+            {k: v[start::2] if len(v) > 1 else v for k, v in rows.items()} for start in (0, 1)
+        ]  # fmt: skip
     arrays, structure = split_args(problem.model_args, problem.model_kwargs)
     cross, second = [], []
     for sample in samples:
