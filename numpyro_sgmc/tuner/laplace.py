@@ -368,20 +368,23 @@ def correlations(problem, mode, info, max_rows=CORRELATION_ROWS, num_probes=PROB
                  iterations=60):  # fmt: skip
     """The :class:`Correlations` a diagonal ``J`` leaves out, by probes: with Rademacher
     ``z_k`` and ``x_k = H⁻¹D^{1/2}z_k`` (Jacobi-preconditioned conjugate gradients,
-    ``H = nJ`` from the information's own rows, at most ``max(max_rows, 4d)`` of them, so
-    that ``H`` and the diagonal ``D`` share their rows' sampling), ``E[x_kj z_kj] =
-    (H⁻¹)_jj D_jj^{1/2}`` and ``E[x_kj²] = (H⁻¹DH⁻¹)_jj`` (Bekas, Kokiopoulou and Saad 2007,
-    the stochastic diagonal estimator). ``O(num_probes · iterations)`` Hessian-vector
-    products per row, ``O(num_probes · d)`` memory.
+    ``H = nJ`` from the information's own rows up to twice a budget of
+    ``max(max_rows, 8d)`` (:data:`~numpyro_sgmc.tuner.rows.CORRELATION_ROWS_PER_PARAMETER`),
+    so that ``H`` and the diagonal ``D`` share their rows' sampling, else from a sample of the
+    budget), ``E[x_kj z_kj] = (H⁻¹)_jj D_jj^{1/2}`` and ``E[x_kj²] = (H⁻¹DH⁻¹)_jj`` (Bekas,
+    Kokiopoulou and Saad 2007, the stochastic diagonal estimator).
+    ``O(num_probes · iterations)`` Hessian-vector products per row, ``O(num_probes · d)``
+    memory.
 
     ``H`` from ``m < n`` rows is the full data's plus noise, and the inverse of a noisy matrix
     is too large on average (Jensen): for rows of a Wishart law ``E[Ĥ⁻¹] = H⁻¹ m/(m - d - 1)``,
     whose reciprocal falls linearly in ``1/m``. On a logistic regression with ``d = 2000``
     and ``n = 20,000`` the inflation from 10,000 rows was 1.36 times the full data's. So the
-    solves run again on every other row of the sample, and the reciprocal of each estimate
+    solves run again on the sample's even and odd rows, and the reciprocal of each estimate
     is extrapolated to all ``n`` rows (Richardson, from ``1/m - 1/n`` for rows without
-    replacement, ``1/m`` with): ``1/f = 1/f_m + κ(1/f_m - 1/f_{m/2})`` with ``κ = 1 - m/n``
-    or 1. The probes' error of the result is their jackknife."""
+    replacement, ``1/m`` with): ``1/f = 1/f_m + κ(1/f_m - 1/f_{m/2})``, ``f_{m/2}`` the
+    halves' mean and ``κ = 1 - m/n`` or 1. The error is the probes' jackknife and the rows'
+    sampling, which the two halves' difference measures (pooled over the parameters)."""
     prepared = problem.prepared
     layout, spec, n = prepared.layout, prepared.spec, prepared.num_data
     zf = layout.ravel(mode)
@@ -436,7 +439,7 @@ def correlations(problem, mode, info, max_rows=CORRELATION_ROWS, num_probes=PROB
         extrapolated([np.delete(c, k, axis=0) for c in cross]) for k in range(K)
     ])  # fmt: skip
     error = np.sqrt((K - 1) * leave_one_out.var(axis=0)) / inflation
-    if kappa > 0.0:  # the rows' sampling: the halves differ by it (sd √2 a half's, √2 the whole's)
+    if kappa > 0.0:  # the halves' difference: √2 a half's sd from the rows, √2 the sample's
         g = reciprocals(cross)
         error = np.hypot(error, np.sqrt(np.mean((0.5 * (g[1] - g[2]) * inflation) ** 2)))
     concentration = np.maximum(extrapolated(second) / inflation, inflation)  # ≥ (C⁻¹)_jj
