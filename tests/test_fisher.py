@@ -194,10 +194,10 @@ def test_diagonal_kind_is_within_hutchinson_error_of_the_dense_diagonal():
     p = make_linear_regression(n=500, d=6, rho=0.5, heteroscedastic=True)
     args, z = (p.X, p.y), {"theta": p.mode}
     dense = information(linear_regression, KEY, *args, params=z)
-    K = 64
+    K = 5
     diag = information(linear_regression, KEY, *args, params=z, kind="diagonal", num_probes=K)
     assert diag.kind == "diagonal" and diag.J.values.shape == diag.I.values.shape == (6,)
-    assert diag.num_probes == K and "64 probes" in str(diag)
+    assert diag.num_probes == K and "5 probes" in str(diag)
     # Rademacher probes: v_j (Hv)_j = H_jj + Σ_{k≠j} H_jk v_j v_k, variance Σ_{k≠j} H_jk²
     dJ = np.asarray(dense.J)
     off = dJ - np.diag(np.diag(dJ))
@@ -210,6 +210,19 @@ def test_diagonal_kind_is_within_hutchinson_error_of_the_dense_diagonal():
         diag.sandwich.values, diag.I.values / diag.potential_curvature.values**2
     )
     np.testing.assert_allclose(noise(diag), np.diag(np.diag(noise(dense))), rtol=1e-5, atol=1e-12)
+    # d probes or more: the 8 columns of a Hadamard matrix, orthogonal, give it exactly
+    exact = information(linear_regression, KEY, *args, params=z, kind="diagonal", num_probes=6)
+    assert exact.num_probes == 8 and np.all(exact.probe_error == 0)
+    np.testing.assert_allclose(exact.J.values, np.diag(dJ), rtol=1e-5)
+
+
+def test_sylvester_columns_are_the_hadamard_matrix():
+    import scipy.linalg
+
+    from numpyro_sgmc.tuner.fisher import exact_probes, sylvester_columns
+
+    np.testing.assert_array_equal(sylvester_columns(64, np.arange(64)), scipy.linalg.hadamard(64))
+    assert [exact_probes(d) for d in (1, 2, 3, 1024, 1025)] == [1, 2, 4, 1024, 2048]
 
 
 def independent_means(y, scales):

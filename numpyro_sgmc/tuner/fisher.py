@@ -28,7 +28,6 @@ from typing import Callable, NamedTuple, Optional
 
 import jax.numpy as jnp
 import numpy as np
-import scipy.linalg
 
 from numpyro_sgmc import host, scales
 from numpyro_sgmc.data.files import first_rows, rows_in_memory
@@ -48,8 +47,10 @@ __all__ = [
     "Information",
     "NotPositiveDefinite",
     "control_variate_noise",
+    "exact_probes",
     "information",
     "information_of",
+    "sylvester_columns",
 ]
 
 KINDS = ("dense", "diagonal")
@@ -255,12 +256,15 @@ def information(
     :param kind: ``"dense"`` (``(d, d)``, exact Hessians) or ``"diagonal"`` (``(d,)``, never a
         ``d × d`` matrix; ``J`` by Hutchinson's ``diag(H) ≈ (1/K) Σ_k v_k ⊙ H v_k`` with
         ``K = num_probes`` Rademacher probes, raised to 0 where the probes' noise puts it below, as
-        the data part of ``J`` is positive semi-definite at a mode; ``I`` exact).
+        the data part of ``J`` is positive semi-definite at a mode; with ``num_probes >= d``
+        exactly, by the ``K = 2^⌈log₂ d⌉`` columns of a Sylvester Hadamard matrix, which are
+        orthogonal; ``I`` exact).
     :param int chunk_size: rows per chunk.
     :param regularize: ``None`` (raise if ``J + J_prior`` is not positive definite), a ridge
         ``r >= 0`` added to ``J``, or ``"auto"``: the smallest ridge with
         ``λmin >= rtol · λmax`` (``rtol = 1e-8``; in float32 ``10 eps ≈ 1.2e-6``).
-    :param int num_probes: Hutchinson probes (``kind="diagonal"`` only).
+    :param int num_probes: Hutchinson probes (``kind="diagonal"`` only); ``d`` or more: the
+        exact diagonal (:func:`exact_probes` Hadamard probes).
     :param dict model_kwargs: the model's keyword arguments.
     :raises ValueError: no subsample plate; ``params`` not matching the latent sites; non-finite
         gradients or Hessians; ``J + J_prior`` not positive definite and ``regularize`` not
@@ -298,8 +302,10 @@ def information_of(
     zf = layout.ravel(check_params(params, prepared, dtype))
     arrays, structure = split_args(model_args, model_kwargs)
     rows = choose_rows(plates, num_rows, rng_key)
-    probes = None
-    if kind == "diagonal":
+    probes, exact = None, kind == "diagonal" and num_probes >= d
+    if exact:  # Hadamard columns: v_k ⊙ Hv_k averages to diag(H) exactly
+        probes = host.device_array(sylvester_columns(exact_probes(d), np.arange(d)), dtype)
+    elif kind == "diagonal":
         signs = Stream.HUTCHINSON_PROBES.rng(rng_key).integers(0, 2, (int(num_probes), d))
         probes = host.device_array(2 * signs - 1, dtype)
     global_grad, global_curv = global_terms(
@@ -325,7 +331,7 @@ def information_of(
     J_prior = global_curv / n if kind == "dense" else global_curv.mean(axis=0) / n
     wrap = Dense if kind == "dense" else Diagonal
     probe_error = np.zeros(d)
-    if kind == "diagonal":
+    if kind == "diagonal" and not exact:
         # v_k ⊙ Hv_k over K probes: its spread across probes is the estimate's own error
         terms = probe_terms + global_curv / n
         probe_error = terms.std(axis=0, ddof=1) / np.sqrt(len(terms))
@@ -347,7 +353,7 @@ def information_of(
         plate_covariances={k: wrap(v) for k, v in covariances.items()},
         layout=layout,
         regularization=float(ridge),
-        num_probes=int(num_probes) if kind == "diagonal" else 0,
+        num_probes=(exact_probes(d) if exact else int(num_probes)) if kind == "diagonal" else 0,
         replicates=replicates,
         probe_error=probe_error,
     )
@@ -407,6 +413,22 @@ def _leave_one_out(plates, sums, n, kind):
     return out if len(out) > 1 else []
 
 
+def exact_probes(d: int) -> int:
+    """The probes of an exact diagonal of ``d`` parameters: ``2^⌈log₂ d⌉`` Hadamard columns."""
+    return 1 << (d - 1).bit_length()
+
+
+def sylvester_columns(rows: int, columns) -> np.ndarray:
+    """``(rows, len(columns))`` float64: the ``columns`` of the Sylvester Hadamard matrix of
+    ``rows`` (a power of 2) rows, ``H_kj = (-1)^{popcount(k & j)}``, built column by column
+    (a whole matrix of 8192 rows would take half a gigabyte). Distinct columns are orthogonal
+    (``Σ_k H_kj H_kl = rows·δ_jl``)."""
+    x = np.bitwise_and.outer(np.arange(rows, dtype=np.uint32), np.asarray(columns, np.uint32))
+    for shift in (16, 8, 4, 2, 1):  # the parity of the set bits
+        x ^= x >> np.uint32(shift)
+    return 1.0 - 2.0 * (x & np.uint32(1)).astype(np.float64)
+
+
 def control_variate_noise(prepared, rng_key, model_args, model_kwargs, params, covariance,
                           num_rows=CONTROL_VARIATE_ROWS, num_probes=PROBES,
                           kind="dense") -> tuple:  # fmt: skip
@@ -437,7 +459,7 @@ def control_variate_noise(prepared, rng_key, model_args, model_kwargs, params, c
     d = layout.size
     if d <= num_probes:
         # without the all-ones column: each direction is probed at +1 and -1 sd equally often
-        xi = scipy.linalg.hadamard(1 << d.bit_length())[:, 1 : d + 1].astype(np.float64)
+        xi = sylvester_columns(1 << d.bit_length(), np.arange(1, d + 1))
     else:
         xi = Stream.CONTROL_VARIATE_PROBES.rng(rng_key).standard_normal((int(num_probes), d))
     # Σ^{1/2} ξ_k, NumPy float64: the probes are made on the host

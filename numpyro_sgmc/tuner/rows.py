@@ -30,6 +30,7 @@ __all__ = [
     "CONTROL_VARIATE_ROWS",
     "CORRELATION_ROWS",
     "CORRELATION_ROWS_PER_PARAMETER",
+    "EXACT_DIAGONAL_PROBES",
     "INFORMATION_ROWS",
     "LINEARITY_ROWS",
     "MAX_PROBES",
@@ -109,7 +110,13 @@ parameters, the warm start's prior curvature."""
 
 MAX_PROBES = 1_024
 """The most Hutchinson probes the fit takes for a diagonal ``J`` (fourfold steps from
-:data:`PROBES` while their own error is over 10%)."""
+:data:`PROBES` while their own error is over 10%) above :data:`EXACT_DIAGONAL_PROBES`."""
+
+EXACT_DIAGONAL_PROBES = 8_192
+"""The most Hadamard probes of an exact diagonal ``J`` (``2^⌈log₂ d⌉``,
+:func:`~numpyro_sgmc.tuner.fisher.exact_probes`), which the fit takes once random probes'
+error is over 10%: on equicorrelated covariates (``ρ = 0.5``, ``d = 1500``) 1024 random
+probes left some diagonal entries near zero, and the Newton steps and the prediction failed."""
 
 
 @unique

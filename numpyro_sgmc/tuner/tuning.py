@@ -451,7 +451,7 @@ def _tune_row(row, problem, fit, weights, lam_max) -> Candidate:
                 "noise to sample with; a row with injected noise can."
             )
         tuning = attempt(batch)
-        _check_reaches(tuning, row.name)
+        _check_reaches(tuning, row.name, fit.correlations)
     cov, F = tuning.covariance, tuning.drift
     tau = theory.autocorrelation_times(F, cov)
     worst = theory.worst_autocorrelation_time(F, cov).time
@@ -493,17 +493,27 @@ def _smallest_quiet_batch(attempt, batch, smallest, plates, tolerance, relative)
     return best
 
 
-def _check_reaches(tuning, name, tolerance=0.05):
+def _check_reaches(tuning, name, linked=None, tolerance=0.05):
     """A natural-noise row's prediction must be its target (to ``tolerance``): one whose noise
-    cannot be shaped (SGD) misses a target with a part the gradient noise does not supply."""
+    cannot be shaped (SGD) misses a target with a part the gradient noise does not supply.
+
+    On a diagonal ``J`` (``linked``, its :class:`~numpyro_sgmc.tuner.laplace.Correlations`)
+    the target has the correlations put back (its variances times the inflation), and SGD's
+    law has not: its noise, shaped like ``I``, preconditioned by a diagonal ``Γ`` gives
+    ``Σ ∝ Γ`` where ``I = J`` (``ΓJΣ + ΣJΓ = hΓIΓ/b``), each variance short of the posterior's
+    by the correlations' share. On equicorrelated covariates (``ρ = 0.5``, ``d = 300``) the
+    run's sds were 0.71 of the posterior's."""
     cov, target = np.asarray(tuning.covariance.diagonal()), np.asarray(tuning.target.diagonal())
+    if linked is not None:
+        target = target * linked.inflation
     off = float(np.max(np.abs(np.sqrt(cov / target) - 1)))
     if off > tolerance:
         raise InfeasibleTuning(
             f"row {name}'s law misses the target's sd by {100 * off:.0f}% in some direction "
             f"(more than {100 * tolerance:.0f}%): its gradient noise is not shaped like the "
-            "target there (parameters with no "
-            "per-datum gradient get none, and the per-datum Hessians add their own)."
+            "target there (parameters with no per-datum gradient get none, the per-datum "
+            "Hessians add their own, and with a diagonal preconditioner it leaves out the "
+            "correlations)."
         )
 
 
@@ -527,7 +537,10 @@ def _build(problem, fit, warm, choice, data):
     autocorrelation, mixing = best.autocorrelation, best.mixing_iterations
     linked = fit.correlations
     if linked is not None:  # a diagonal J: the correlations it leaves out, put back
-        covariance = Diagonal(np.asarray(covariance.values) * linked.inflation)
+        # into the target, and into the law of a row with injected noise (Langevin's law is
+        # the posterior whatever Γ); SGD's law keeps Γ's shape (_check_reaches)
+        if not math.isinf(tuning.inverse_temperature):
+            covariance = Diagonal(np.asarray(covariance.values) * linked.inflation)
         target = Diagonal(np.asarray(target.values) * linked.inflation)
         drift = Diagonal(1.0 - 0.5 * tuning.step_size / linked.concentration)
         autocorrelation = theory.autocorrelation_times(drift, covariance)
