@@ -128,6 +128,22 @@ def test_a_batch_of_no_rows_names_the_option_it_came_from(problem):
         autotune(regression, jax.random.key(0), problem.X, problem.y, batch_size={"data": 0})
 
 
+def test_a_model_keyword_passed_as_mcmc_run_takes_it_names_model_kwargs(problem):
+    """``MCMC.run(key, X, y, offset=...)`` passes keywords to the model; autotune and
+    run_kernel have options of their own, and an unknown keyword names ``model_kwargs``."""
+    for call in (
+        lambda: autotune(regression, jax.random.key(0), problem.X, problem.y, offset=1.0),
+        lambda: run_kernel(
+            SGLD(regression, 1e-3), jax.random.key(0), problem.X, problem.y, num_samples=5,
+            offset=1.0,
+        ),
+    ):  # fmt: skip
+        with pytest.raises(TypeError, match=r"keyword argument\(s\) 'offset' that are not its "):
+            call()
+    with pytest.raises(TypeError, match=r"autotune\(..., model_kwargs=\{'offset': ...\}\)"):
+        autotune(regression, jax.random.key(0), problem.X, problem.y, offset=1.0)
+
+
 def test_batch_of_all_rows_is_full_data_gradients(problem):
     X, y = problem.X[:100], problem.y[:100]
     kernel = SGD(regression, 1e-2, num_steps=5)

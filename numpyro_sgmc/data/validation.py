@@ -53,6 +53,7 @@ __all__ = [
     "file_backed",
     "file_checks_deferred",
     "memory_mapped",
+    "no_unknown_keywords",
     "nonnegative_int",
     "number_in",
     "positive_int",
@@ -92,6 +93,19 @@ def positive_int(name: str, value, allow_none: bool = False):
     if value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}.")
     return int(value)
+
+
+def no_unknown_keywords(function: str, unknown: dict):
+    """A ``TypeError`` for keyword arguments ``function`` does not take, which a user of
+    ``MCMC.run(key, X, offset=...)`` passes for the model: it names ``model_kwargs``."""
+    if unknown:
+        names = ", ".join(f"'{k}'" for k in unknown)
+        example = ", ".join(f"'{k}': ..." for k in unknown)
+        raise TypeError(
+            f"{function}() got keyword argument(s) {names} that are not its options. The "
+            f"model's keyword arguments go in model_kwargs: {function}(..., "
+            f"model_kwargs={{{example}}})."
+        )
 
 
 def nonnegative_int(name: str, value):

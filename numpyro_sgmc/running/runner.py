@@ -195,6 +195,7 @@ def run_kernel(
     previous: Optional[KernelRun] = None,
     checkpoint=None,
     checkpoint_every: Optional[int] = None,
+    **unknown,
 ) -> KernelRun:
     """Run ``kernel`` for ``num_warmup + num_samples · thinning`` draws in compiled chunks.
 
@@ -226,10 +227,12 @@ def run_kernel(
     :param int checkpoint_every: kept draws between two checkpoints (with ``checkpoint``);
         also one at the end of warm-up and every ``checkpoint_every · thinning`` warm-up
         draws.
+    :param unknown: none taken: a ``TypeError`` that names ``model_kwargs``.
     :return: a :class:`KernelRun`.
     :raises ValueError: ``previous`` of another kernel, or on other data (the message says
         which argument and what differs: shape, dtype or rows).
     """
+    validation.no_unknown_keywords("run_kernel", unknown)
     if not isinstance(kernel, SGMCKernel):
         raise TypeError(
             f"run_kernel runs the kernels of numpyro_sgmc, got {type(kernel).__name__}; run "

@@ -148,6 +148,7 @@ def autotune(
     init_strategy=init_to_mean,
     init_params: Optional[dict] = None,
     model_kwargs: Optional[dict] = None,
+    **unknown,
 ):
     """Choose ``(row, h, b, β, Γ, Λ)`` for ``target`` and return ``(kernel, report)``.
 
@@ -189,9 +190,12 @@ def autotune(
     :param weights: ``(w₁, w₂)`` of ``"mix"``.
     :param warm: a :class:`~numpyro_sgmc.tuner.warmstart.WarmStart` to reuse (its best restart).
     :param dict model_kwargs: the model's keyword arguments.
+    :param unknown: none taken: a ``TypeError`` that names ``model_kwargs`` (``MCMC.run``
+        passes its keyword arguments to the model; ``autotune`` has options of its own).
     :return: ``(kernel, report)``: a kernel for ``numpyro.infer.MCMC`` that starts at the mode,
         and a :class:`~numpyro_sgmc.tuner.report.TuningReport`.
     """
+    validation.no_unknown_keywords("autotune", unknown)
     weights = target_weights(target, weight, weights)
     options = AutotuneOptions(
         batch_size, row, warm_start_epochs, learning_rate, num_restarts, num_rows, dense,
