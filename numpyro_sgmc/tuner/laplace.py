@@ -522,13 +522,16 @@ def newton_polish(
     u = potential
     info, curvatures, fresh = info_at(mode, "auto"), 1, True  # fresh: J estimated at x
     first, previous, previous_fresh, settled = None, math.inf, False, False
+    rough = False  # a step of a diagonal J's own: its length is not the distance to the mode
     while True:
         curvature = info.potential_curvature
         J = _levenberg_marquardt(curvature)
         exact = info.regularization == 0 and J is curvature
         step = np.asarray(J.solve(g))
         if info.kind == "diagonal":
+            diagonal = step
             step = _newton_direction(problem, x, g, J, info.num_rows, step, dtype)
+            rough = rough or step is diagonal
         distance = float(np.sqrt(max(n * float(g @ step), 0.0)))
         first = distance if first is None else first
         if exact and distance <= tol:
@@ -573,9 +576,16 @@ def newton_polish(
         warn(
             f"The warm start stopped {first:.3g} posterior standard deviations from the mode, "
             f"and {steps} damped Newton steps did not reach it (the last still "
-            f"{distance:.3g} sds long): the predictions, which linearise the model at the "
-            "mode, may be off. Run the warm start longer (warm_start_epochs), or check that "
-            "the model has a finite mode.",
+            f"{distance:.3g} sds long"
+            + (
+                "; these lengths are of steps of the diagonal of J alone, as conjugate "
+                "gradients on the full Hessian did not converge: on correlated parameters "
+                "they can be far from the distance to the mode"
+                if rough
+                else ""
+            )
+            + "): the predictions, which linearise the model at the mode, may be off. Run the "
+            "warm start longer (warm_start_epochs), or check that the model has a finite mode.",
             ConvergenceWarning,
         )
     # the last step, from a J estimated where it started, is within tol of exact; it needs no
