@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
+from numpyro.distributions import constraints
 
 PRIOR_SCALE = 10.0
 
@@ -151,6 +152,50 @@ def logistic_regression(X, y=None, subsample_size=100):
         Xb = numpyro.subsample(X, event_dim=1)
         yb = None if y is None else numpyro.subsample(y, event_dim=0)
         numpyro.sample("y", dist.Bernoulli(logits=Xb @ theta), obs=yb)
+
+
+def wide_logistic(X, y, subsample_size=100):
+    """A logistic regression under ``N(0, 1)`` coefficients: for many of them, against
+    :func:`logistic_laplace64`."""
+    theta = numpyro.sample("theta", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=subsample_size):
+        Xb = numpyro.subsample(X, event_dim=1)
+        numpyro.sample("y", dist.Bernoulli(logits=Xb @ theta), obs=numpyro.subsample(y, 0))
+
+
+def make_wide_logistic64(n, d, coefficient_sd, rho=0.0, seed=0):
+    """``(X, y)`` in float64 for :func:`wide_logistic`: covariates equicorrelated with
+    ``rho``, coefficients ``N(0, coefficient_sd²)``."""
+    rng = np.random.default_rng(seed)
+    X = np.sqrt(1 - rho) * rng.standard_normal((n, d)) + np.sqrt(rho) * rng.standard_normal((n, 1))
+    y = rng.random(n) < 1 / (1 + np.exp(-X @ rng.normal(0, coefficient_sd, d)))
+    return X, y.astype(np.float64)
+
+
+def logistic_laplace64(X, y, steps=8):
+    """``(mode, H)`` of :func:`wide_logistic` in float64: Newton's steps from zero, and the
+    Hessian of the potential at the mode."""
+    X, y = np.asarray(X, np.float64), np.asarray(y, np.float64)
+
+    def hessian(theta):
+        p = 1 / (1 + np.exp(-X @ theta))
+        return X.T @ (X * (p * (1 - p))[:, None]) + np.eye(X.shape[1])
+
+    theta = np.zeros(X.shape[1])
+    for _ in range(steps):
+        minus_gradient = X.T @ (y - 1 / (1 + np.exp(-X @ theta))) - theta
+        theta = theta + np.linalg.solve(hessian(theta), minus_gradient)
+    return theta, hessian(theta)
+
+
+def flat_regression(X, y):
+    """A linear regression with unit noise under a flat prior (an ImproperUniform site)."""
+    beta = numpyro.sample(
+        "beta", dist.ImproperUniform(constraints.real, (), event_shape=(X.shape[1],))
+    )
+    with numpyro.plate("data", X.shape[0], subsample_size=50):
+        Xb = numpyro.subsample(X, event_dim=1)
+        numpyro.sample("y", dist.Normal(Xb @ beta, 1.0), obs=numpyro.subsample(y, event_dim=0))
 
 
 def make_logistic(n=100_000, d=4, rho=0.5, seed=0):

@@ -16,7 +16,7 @@ from numpyro.infer import MCMC
 
 from harness import Z_MAX, assert_law, run_chains
 from numpyro_sgmc import SGLDFP, ChainInit, autotune
-from problems import make_two_groups, two_groups
+from problems import flat_regression, make_two_groups, two_groups
 
 CHAINS = 32
 
@@ -122,15 +122,6 @@ def test_a_support_bounded_by_the_data_gets_concrete_bounds():
     edges = prepared.transforms["upper"](jnp.array([-30.0, 30.0]))
     np.testing.assert_allclose(np.asarray(edges), [0.0, 6.0], atol=1e-5)
     pickle.dumps(prepared.transforms)  # no leaked tracer
-
-
-def flat_regression(X, y):
-    beta = numpyro.sample(
-        "beta", dist.ImproperUniform(constraints.real, (), event_shape=(X.shape[1],))
-    )
-    with numpyro.plate("data", X.shape[0], subsample_size=50):
-        Xb = numpyro.subsample(X, event_dim=1)
-        numpyro.sample("y", dist.Normal(Xb @ beta, 1.0), obs=numpyro.subsample(y, event_dim=0))
 
 
 def test_a_flat_improper_prior_has_the_least_squares_posterior():
