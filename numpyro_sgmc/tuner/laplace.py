@@ -191,15 +191,20 @@ def fit(problem: Problem, warm, weights, must_settle: bool = False) -> Fit:
     rows, probes, visited = options.num_rows, PROBES, 0
 
     def info_at(params, regularize=options.regularize, more_rows=False):
-        nonlocal visited, rows
+        nonlocal visited, rows, probes
         if more_rows and rows is not None:
             rows = None if 2 * rows >= n else 2 * rows
-        info = information_of(
-            prepared, problem.rng_key, problem.model_args, problem.model_kwargs, params,
-            num_rows=rows, kind=kind, regularize=regularize, num_probes=probes,
-        )  # fmt: skip
-        visited += info.num_rows
-        return info
+        while True:
+            info = information_of(
+                prepared, problem.rng_key, problem.model_args, problem.model_kwargs, params,
+                num_rows=rows, kind=kind, regularize=regularize, num_probes=probes,
+            )  # fmt: skip
+            visited += info.num_rows
+            # a diagonal of correlated parameters from random probes is noisy, and as the
+            # Newton direction's preconditioner it stalls the conjugate gradients: exact
+            if not _exact_diagonal_wanted(info, probes, d):
+                return info
+            probes = d
 
     gradient = host.take(warm.gradient, warm.best)
     u = None if warm.potential is None else float(warm.potential[warm.best])
@@ -230,11 +235,7 @@ def fit(problem: Problem, warm, weights, must_settle: bool = False) -> Fit:
         error = prediction_error(info, weights)
         worst = float(np.max(error))
         noisy_probes = kind == "diagonal" and float(np.max(info.probe_error)) > 0.1
-        if noisy_probes and exact_probes(d) <= EXACT_DIAGONAL_PROBES:
-            # correlated parameters: the exact diagonal (d or more Hadamard probes) instead of
-            # random probes, whose error falls as the square root of their count
-            probes = d
-        elif noisy_probes and probes < MAX_PROBES:
+        if noisy_probes and probes < MAX_PROBES:
             probes *= 4
         elif worst > options.tolerance and info.num_rows < n:
             # the error falls as 1/sqrt(rows); a quarter more for the estimate's own noise.
@@ -283,6 +284,14 @@ _NO_RISE = (
     "the log posterior does not rise on one side along {} (the LinearizationWarning above), "
     "so the step and batch tuned there would be for a curvature the posterior does not have"
 )
+
+
+def _exact_diagonal_wanted(info, probes, d) -> bool:
+    """Whether a diagonal ``J`` from random probes is noisy (an error over 10%: correlated
+    parameters, where the error is the off-diagonal mass over ``√K``) and the exact diagonal
+    (:func:`~numpyro_sgmc.tuner.fisher.exact_probes` Hadamard probes) is affordable."""
+    noisy = info.kind == "diagonal" and float(np.max(info.probe_error)) > 0.1
+    return noisy and probes < d and exact_probes(d) <= EXACT_DIAGONAL_PROBES
 
 
 def _no_mode(sites, where: str) -> str:

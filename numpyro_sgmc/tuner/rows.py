@@ -114,9 +114,10 @@ MAX_PROBES = 1_024
 
 EXACT_DIAGONAL_PROBES = 8_192
 """The most Hadamard probes of an exact diagonal ``J`` (``2^⌈log₂ d⌉``,
-:func:`~numpyro_sgmc.tuner.fisher.exact_probes`), which the fit takes once random probes'
-error is over 10%: on equicorrelated covariates (``ρ = 0.5``, ``d = 1500``) 1024 random
-probes left some diagonal entries near zero, and the Newton steps and the prediction failed."""
+:func:`~numpyro_sgmc.tuner.fisher.exact_probes`), which every estimate of ``J`` takes once
+random probes' error is over 10%: on equicorrelated covariates (``ρ = 0.5``, ``d = 1500``)
+random probes left some diagonal entries near zero, the Newton direction's conjugate
+gradients, preconditioned by them, stalled, and the tuner stopped 24 sds from the mode."""
 
 
 @unique
