@@ -40,6 +40,7 @@ from numpyro_sgmc.tuner.rows import (
     Stream,
     batch_sizes,
     choose_rows,
+    chosen_indices,
 )
 from numpyro_sgmc.tuner.rowsums import global_terms, plate_sums, probe_spread
 
@@ -465,13 +466,12 @@ def control_variate_noise(prepared, rng_key, model_args, model_kwargs, params, c
     # Σ^{1/2} ξ_k, NumPy float64: the probes are made on the host
     deltas = host.device_array(scales.apply_rows(covariance.sqrt(), xi), dtype)
     arrays, structure = split_args(model_args, model_kwargs)
-    rows = choose_rows(plates, min(int(num_rows), spec.num_data), rng_key)
+    rows = chosen_indices(plates, choose_rows(plates, min(int(num_rows), spec.num_data), rng_key))
     wrap = Dense if kind == "dense" else Diagonal
     windows = Stream.CONTROL_VARIATE_WINDOWS.rng(rng_key)
     out, errors = {}, {}
     for p in plates:
-        r = np.arange(p.size) if rows[p.name] is None else rows[p.name]
-        rows_arrays, r = rows_in_memory(arrays, plates, {p.name: r})
+        rows_arrays, r = rows_in_memory(arrays, plates, {p.name: rows[p.name]})
         local = r[p.name]
         if d > num_probes and len(local) > CONTROL_VARIATE_ROWS:
             local = _probe_windows(windows, local, len(xi), CONTROL_VARIATE_ROWS)

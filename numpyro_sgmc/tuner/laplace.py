@@ -60,6 +60,7 @@ from numpyro_sgmc.tuner.rows import (
     PROBES,
     Stream,
     choose_rows,
+    chosen_indices,
     sample_rows,
 )
 
@@ -411,10 +412,7 @@ def correlations(problem, mode, info, max_rows=CORRELATION_ROWS, num_probes=PROB
     if info.num_rows <= 2 * budget:  # the rows information_of chose for this key
         chosen = choose_rows(spec.plates, info.num_rows if info.num_rows < n else None,
                              problem.rng_key)  # fmt: skip
-        rows = {
-            p.name: np.arange(p.size) if chosen[p.name] is None else chosen[p.name]
-            for p in spec.plates
-        }
+        rows = chosen_indices(spec.plates, chosen)
         kappa = 1.0 - info.num_rows / n  # without replacement: 0 on every row
     else:  # the same stream, after the probes, with replacement
         drawn = random_rows(rng, spec.plates, budget).indices
@@ -439,25 +437,26 @@ def correlations(problem, mode, info, max_rows=CORRELATION_ROWS, num_probes=PROB
         cross.append(x * probes * np.sqrt(diag))  # per probe: D_jj (H⁻¹)_jj, unbiased for H
         second.append(diag * x**2)  # per probe: (D^{1/2}H⁻¹DH⁻¹D^{1/2})_jj
 
-    def reciprocals(per_probe):  # 1/f of the sample and of each half
-        return [1.0 / np.maximum(c.mean(axis=0), 1e-3) for c in per_probe]
+    def reciprocals(means):  # 1/f of the sample and of each half
+        return [1.0 / np.maximum(m, 1e-3) for m in means]
 
-    def extrapolated(per_probe):  # the reciprocals' Richardson step to every row
-        g = reciprocals(per_probe)
+    def extrapolated(means):  # the reciprocals' Richardson step to every row
+        g = reciprocals(means)
         if len(g) == 1:
             return 1.0 / g[0]
         return 1.0 / np.maximum((1.0 + kappa) * g[0] - kappa * 0.5 * (g[1] + g[2]), 1e-3)
 
-    inflation = extrapolated(cross)
     K = len(probes)
-    leave_one_out = np.stack([
-        extrapolated([np.delete(c, k, axis=0) for c in cross]) for k in range(K)
-    ])  # fmt: skip
+    means = [c.mean(axis=0) for c in cross]
+    inflation = extrapolated(means)
+    leave_one_out = extrapolated([(c.sum(axis=0) - c) / (K - 1) for c in cross])  # (K, d)
     error = np.sqrt((K - 1) * leave_one_out.var(axis=0)) / inflation
     if kappa > 0.0:  # the halves' difference: √2 a half's sd from the rows, √2 the sample's
-        g = reciprocals(cross)
+        g = reciprocals(means)
         error = np.hypot(error, np.sqrt(np.mean((0.5 * (g[1] - g[2]) * inflation) ** 2)))
-    concentration = np.maximum(extrapolated(second) / inflation, inflation)  # ≥ (C⁻¹)_jj
+    concentration = np.maximum(
+        extrapolated([c.mean(axis=0) for c in second]) / inflation, inflation
+    )
     visited = sum(len(v) for sample in samples for v in sample.values())
     return Correlations(inflation, error, concentration, visited)
 
@@ -621,12 +620,8 @@ def _newton_direction(problem, x, g, J, num_rows, fallback, dtype, iterations=10
     m = max(min(num_rows, NEWTON_ROWS), NEWTON_ROWS_PER_PARAMETER * x.size)
     m = n if n <= NEWTON_ROWS else m
     chosen = choose_rows(spec.plates, m if m < n else None, problem.rng_key, Stream.NEWTON_ROWS)
-    rows = Batch({
-        p.name: host.device_array(
-            np.arange(p.size) if chosen[p.name] is None else chosen[p.name], np.int32
-        )
-        for p in spec.plates
-    })  # fmt: skip
+    indices = chosen_indices(spec.plates, chosen)
+    rows = Batch({k: host.device_array(v, np.int32) for k, v in indices.items()})
     arrays, structure = split_args(problem.model_args, problem.model_kwargs)
     arrays, rows = rows_in_memory(arrays, spec.plates, rows)
     step, residual = _preconditioned_solves(

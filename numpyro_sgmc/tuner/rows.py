@@ -45,6 +45,7 @@ __all__ = [
     "Stream",
     "batch_sizes",
     "choose_rows",
+    "chosen_indices",
     "halvings",
     "rows_per_plate",
     "sample_rows",
@@ -176,6 +177,12 @@ def rows_per_plate(plates, num_rows: int) -> dict:
     for i in np.argsort(-(quota - m))[: num_rows - int(m.sum())]:
         m[i] += 1
     return {p.name: int(min(max(mk, 2), p.size)) for p, mk in zip(plates, m, strict=True)}
+
+
+def chosen_indices(plates, chosen: dict) -> dict:
+    """Plate name -> the row indices of a :func:`choose_rows` choice, ``np.arange(n_p)`` where
+    it chose every row (``None``)."""
+    return {p.name: np.arange(p.size) if chosen[p.name] is None else chosen[p.name] for p in plates}
 
 
 def choose_rows(plates, num_rows, rng_key, stream: "Stream" = None, blocks=None) -> dict:
