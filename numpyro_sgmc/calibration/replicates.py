@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 
 from numpyro_sgmc.calibration.coverage import Calibration, Failure
 from numpyro_sgmc.calibration.prediction import predicted_coverage
+from numpyro_sgmc.data.first_trace import failing_site
 from numpyro_sgmc.data.model import Layout
 from numpyro_sgmc.data.subsample import full_data
 from numpyro_sgmc.running.runner import run_kernel
@@ -447,13 +448,14 @@ def prior_simulator(
 
     def simulate(seed: int):
         args = tuple(covariates(seed))
-        seeded = _LastSite(handlers.seed(full_data(model), random.fold_in(rng_key, seed)))
+        seeded = handlers.seed(full_data(model), random.fold_in(rng_key, seed))
         try:
             trace = handlers.trace(seeded).get_trace(*args, **model_kwargs)
         except NotImplementedError as err:
             raise ValueError(
-                f"Site '{seeded.name}' has a distribution with no sampler (an ImproperUniform's "
-                "flat prior, say), so simulation-based calibration cannot draw it from its "
+                f"Site '{failing_site(err)[0]}' has a distribution with no sampler (an "
+                "ImproperUniform's flat prior, say), so simulation-based calibration cannot "
+                "draw it from its "
                 "prior: give it a proper prior, or pass calibrate a simulate that returns "
                 "(truth, data) from a process of your own."
             ) from err
@@ -467,13 +469,3 @@ def prior_simulator(
         return truth, args + (trace[observed]["value"],)
 
     return simulate
-
-
-class _LastSite(handlers.Messenger):
-    """Keeps the name of the last sample site the model reached (the one whose draw raised)."""
-
-    name = None
-
-    def process_message(self, msg):
-        if msg["type"] == "sample":
-            self.name = msg["name"]

@@ -23,7 +23,7 @@ from numpyro_sgmc.data import validation
 from numpyro_sgmc.data.subsample import SubsamplePlate, first_rows
 from numpyro_sgmc.diagnostics import PerformanceWarning, warn
 
-__all__ = ["check_sites", "declared_plates", "first_trace"]
+__all__ = ["check_sites", "declared_plates", "failing_site", "first_trace"]
 
 
 def declared_plates(model_trace) -> tuple:
@@ -253,7 +253,7 @@ def first_trace(model, rng_key, model_args, model_kwargs) -> tuple:
     except ValueError as err:
         if "Incompatible shapes for broadcasting" not in str(err):
             raise
-        site, frame = _failing_site(err)
+        site, frame = failing_site(err)
         if frame is None or frame.subsample_size >= frame.size:
             raise
         raise ValueError(
@@ -307,8 +307,10 @@ def _holds_tracer(obj, depth: int = 4) -> bool:
     return any(_holds_tracer(v, depth - 1) for v in vars(obj).values())
 
 
-def _failing_site(err) -> tuple:
-    """``(site name, plate)`` of a NumPyro plate's failed broadcast, from the traceback."""
+def failing_site(err) -> tuple:
+    """``(site name, plate)`` of the innermost ``numpyro.sample`` call and plate that ``err``'s
+    traceback passed through (a failed broadcast, a draw with no sampler); ``None`` where it
+    passed through none."""
     site, frame, tb = None, None, err.__traceback__
     while tb is not None:
         here = tb.tb_frame
