@@ -475,6 +475,27 @@ def test_a_mode_not_reached_leaves_the_prediction_without_an_error_bar(monkeypat
     assert "Newton steps stopped" in said, said
 
 
+def test_a_diagonal_steps_length_is_not_called_the_distance_to_the_mode(monkeypatch):
+    """Where conjugate gradients fail and the diagonal of J's own step stands in, its length
+    says little of the distance to the mode on correlated parameters: the report and the
+    warning say whose length it is, and claim no distance."""
+    from numpyro_sgmc.diagnostics import ConvergenceWarning
+    from numpyro_sgmc.tuner import laplace
+
+    X, y = make_logistic(n=4000, d=3, seed=1)
+    monkeypatch.setattr(laplace, "newton_polish", partial(laplace.newton_polish, max_passes=0))
+    monkeypatch.setattr(laplace, "_newton_direction", lambda *args, **kwargs: args[5])
+    with pytest.warns(ConvergenceWarning, match="steps of the diagonal of J alone"):
+        _, report = autotune(
+            logistic_regression, KEY, X, y, warm_start_epochs=0.05, learning_rate=1e-3,
+            dense=False,
+        )  # fmt: skip
+    assert report.mode_distance > laplace.UNREACHED_SDS and report.mode_distance_diagonal
+    said = str(report)
+    assert "did not settle (their last step, of the diagonal of J alone, was" in said, said
+    assert "the distance to the mode itself is unknown" in said and "stopped" not in said
+
+
 @pytest.mark.slow  # 10-23 s: the quick suite's 10 minutes
 def test_the_run_takes_the_tuners_centre_gradient_on_the_same_data_only(tmp_path):
     """On the data it was tuned on (the same memory-mapped files, the same JAX arrays, or small

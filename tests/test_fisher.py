@@ -284,6 +284,60 @@ def test_a_diagonal_js_correlations_are_those_of_every_row(max_rows):
     assert np.mean(np.abs(z) > 2) < 0.1 and np.mean(np.abs(z) > 3) < 0.02, np.abs(z).max()
 
 
+def test_the_rows_bias_of_the_inverse_curvature_is_corrected():
+    """The inverse of a Hessian from m of n rows is too large on average (here 1.8% on an sd,
+    d = 200, m = 5000, correlated covariates): ``debiased`` removes it with the jackknife's
+    own leave-one-group-out estimates, to the float64 Laplace's sds within 0.5% at the median,
+    and leaves an estimate on every row alone."""
+    from numpyro_sgmc.tuner.fisher import debiased
+
+    n, d = 40_000, 200
+    X, y = make_wide_logistic64(n, d, 0.02, rho=0.5)
+    theta, H = logistic_laplace64(X, y)
+    sd = np.sqrt(np.diag(np.linalg.inv(H)))
+    args = (X.astype(np.float32), y.astype(np.float32))
+    params = {"theta": jnp.asarray(theta, jnp.float32)}
+    info = information(wide_logistic, KEY, *args, params=params, num_rows=5000)
+    fixed = debiased(info)
+
+    def ratio(i):
+        return np.sqrt(np.diag(i.potential_curvature.inverse().matrix) / n) / sd
+
+    assert np.median(ratio(info)) > 1.01, np.median(ratio(info))
+    assert abs(np.median(ratio(fixed)) - 1) < 0.005, np.median(ratio(fixed))
+    assert 0.02 < fixed.inverse_bias < 0.06 and "corrected for its bias" in str(fixed)
+    everything = information(wide_logistic, KEY, *args, params=params)
+    assert debiased(everything) is everything
+
+
+def test_the_rows_bias_of_the_sandwich_is_corrected():
+    """The sandwich from m rows is biased as well, by the inverse twice and by J and I moving
+    together: over 8 row samples (d = 200, m = 5000, a regression) its variances are about 3.5%
+    too large on average, and within 2% after ``debiased``, which moves I with J so that
+    ``J⁻¹IJ⁻¹`` is corrected too (a J corrected alone would put S 4% short)."""
+    from numpyro_sgmc.tuner.fisher import debiased
+
+    n, d = 40_000, 200
+    rng = np.random.default_rng(0)
+    X = np.sqrt(0.5) * rng.standard_normal((n, d)) + np.sqrt(0.5) * rng.standard_normal((n, 1))
+    y = X @ np.linspace(1, -1, d) + rng.standard_normal(n)
+    K = X.T @ X / n + np.eye(d) / (n * PRIOR_SCALE**2)
+    mode = np.linalg.solve(K, X.T @ y / n)
+    grads = X * (y - X @ mode)[:, None]
+    K_inv = np.linalg.inv(K)
+    exact = np.diag(K_inv @ np.cov(grads.T, bias=True) @ K_inv)
+    args = (jnp.asarray(X, jnp.float32), jnp.asarray(y, jnp.float32))
+    params = {"theta": jnp.asarray(mode, jnp.float32)}
+    raw, fixed = [], []
+    for seed in range(8):
+        info = information(linear_regression, jax.random.key(seed), *args, params=params,
+                           num_rows=5000)  # fmt: skip
+        for out, i in ((raw, info), (fixed, debiased(info))):
+            out.append(np.mean(np.diag(np.asarray(i.sandwich.matrix)) / exact) - 1)
+    assert np.mean(raw) > 0.02, raw
+    assert abs(np.mean(fixed)) < 0.02, fixed
+
+
 def duplicated_columns(n=500, seed=0):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, 2))
@@ -468,4 +522,31 @@ def test_the_control_variate_noise_is_its_average_over_the_chains_law_not_far_ou
     exact = (1 / k - 1 / k**2) * np.sum(w * change**2) / np.sum(w)
     ratio = np.diag(np.asarray(noise["data"].as_matrix())) / exact
     np.testing.assert_allclose(ratio, 1.0, atol=0.02)
-    assert np.all(error["data"] == 0.0)  # a design, not random draws: no error of its own
+    assert np.all(error["data"] == 0.0)  # a design on every row: no error of its own
+
+
+def test_the_control_variate_noise_states_its_rows_error():
+    """The Hadamard design on 2000 of 20,000 rows: the error it states for each diagonal
+    entry is the rows' sampling (the spread over rows of each row's share, times the
+    finite-population factor), which is the entry's spread over row samples."""
+    from numpyro_sgmc.data.model import prepare_model
+    from numpyro_sgmc.scales import Dense
+    from numpyro_sgmc.tuner.fisher import control_variate_noise
+
+    d = 10
+    X, y = make_logistic(n=20_000, d=d, seed=3)[:2]
+    prepared = prepare_model(jax.random.key(0), logistic_regression, (X, y), {})
+    params = {"theta": jnp.full(d, 0.05)}
+    draws, stated = [], []
+    for k in range(24):
+        noise, error = control_variate_noise(
+            prepared, jax.random.key(k), (X, y), {}, params, Dense(np.eye(d) * 1e-3),
+            num_rows=2000,
+        )  # fmt: skip
+        draws.append(np.diag(np.asarray(noise["data"].as_matrix())))
+        stated.append(error["data"])
+    draws = np.asarray(draws)
+    spread = draws.std(axis=0, ddof=1) / draws.mean(axis=0)
+    ratio = np.median(spread / np.mean(stated, axis=0))
+    assert 0.75 < ratio < 1.33, ratio
+    assert 0.01 < np.median(spread) < 0.2, spread

@@ -39,7 +39,7 @@ from scipy import stats
 from numpyro_sgmc.diagnostics import RunCheckWarning, warn
 from numpyro_sgmc.scales import is_dense
 from numpyro_sgmc.theory import target_covariance
-from numpyro_sgmc.tuner.fisher import information_of
+from numpyro_sgmc.tuner.fisher import debiased, information_of
 from numpyro_sgmc.tuner.laplace import (
     UNREACHED_SDS,
     Problem,
@@ -336,9 +336,8 @@ def _unchecked(names, report, pred_error, indep_error) -> list:
     nonlinear = linearity_error(report.nonlinearity, report.target_covariance)
     if report.mode_distance > UNREACHED_SDS:
         cause = (
-            f"the mode not reached: the tuner's Newton steps stopped {report.mode_distance:.3g} "
-            "posterior sds from it (the ConvergenceWarning); run the warm start longer "
-            "(warm_start_epochs), or with more information rows (num_rows)"
+            f"the mode not reached: {report.unsettled()} (the ConvergenceWarning); run the "
+            "warm start longer (warm_start_epochs), or with more information rows (num_rows)"
         )
     elif nonlinear[j] >= 0.5 * pred_error[j]:
         cause = (
@@ -543,8 +542,7 @@ def _limits(notes, report, names, run_error, pred_error, ess, unchecked):
         j = int(np.argmax(pred_error))
         if report.mode_distance > UNREACHED_SDS:
             notes.append(
-                "the prediction has no error bar: the tuner's Newton steps stopped "
-                f"{report.mode_distance:.3g} posterior sds from the mode (the "
+                f"the prediction has no error bar: {report.unsettled()} (the "
                 "ConvergenceWarning), so the run was checked against the fresh-rows estimate at "
                 "its own mean only; re-tune with a longer warm start (warm_start_epochs) or "
                 "more information rows (num_rows) for a prediction to check it against."
@@ -603,6 +601,7 @@ def _independent(prepared, report, mean, args, kwargs, rng_key):
             "The information at the run's mean cannot be computed, so the run is not where a "
             f"Laplace picture holds: {err}"
         )
+    info = debiased(info)
     target = target_covariance(info.potential_curvature, info.I, report.weights, info.data_free)
     sd = np.sqrt(np.asarray(target.diagonal(), np.float64) / report.num_data)
     # a Laplace picture at another point shares the nonlinearity the tuner measured

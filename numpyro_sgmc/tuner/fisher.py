@@ -18,8 +18,9 @@ the predictions use. The per-datum terms come from the model's own plates by wei
 visited in ``G = 8`` groups, and :meth:`Information.jackknife` gives the standard error of any
 function of ``(J, I)`` (a predicted covariance, its standard deviations) from the
 leave-one-group-out estimates, times the finite-population factor ``sqrt(1 - m/n)``: zero
-when every row is used. A diagonal ``J`` is a Hutchinson estimate; its probes' own error is
-``Information.probe_error``.
+when every row is used. The same estimates measure the bias of ``(J + J_prior)⁻¹`` and of the
+sandwich from ``m`` rows, which :func:`debiased` removes. A diagonal ``J`` is a Hutchinson
+estimate; its probes' own error is ``Information.probe_error``.
 """
 
 from __future__ import annotations
@@ -82,6 +83,9 @@ class Information(NamedTuple):
     :param tuple replicates: the leave-one-group-out ``(J, I)`` of the jackknife.
     :param probe_error: ``(d,)`` standard error of a diagonal ``J`` from its probes,
         relative to ``J + J_prior`` (zeros for dense).
+    :param float inverse_bias: where :func:`debiased` corrected ``J`` and ``I``, the median over
+        parameters of the relative bias it removed from ``(J + J_prior)⁻¹``'s diagonal (0
+        where it did not).
     """
 
     J: object
@@ -97,6 +101,7 @@ class Information(NamedTuple):
     num_probes: int = 0
     replicates: tuple = ()
     probe_error: Optional[np.ndarray] = None
+    inverse_bias: float = 0.0
 
     @property
     def kind(self) -> str:
@@ -195,6 +200,11 @@ def summary(info: Information) -> str:
         f"  regularization (ridge added to J): {info.regularization:.4g}",
         f"  Newton step to the mode: {info.mode_distance:.3g} posterior sd",
     ]
+    if info.inverse_bias:
+        lines.append(
+            "  (J + J_prior)⁻¹ from m rows corrected for its bias (an inverse from m rows is "
+            f"{100 * info.inverse_bias:.2g}% too large on the median variance)"
+        )
     if info.kind == "diagonal":
         worst = float(np.max(info.probe_error)) if info.probe_error is not None else 0.0
         lines.append(
@@ -202,6 +212,74 @@ def summary(info: Information) -> str:
             f"(largest relative error {worst:.2g})"
         )
     return "\n".join(lines)
+
+
+def debiased(info: Information) -> Information:
+    """``info`` with a dense ``J`` and ``I`` whose ``K⁻¹`` and ``S = K⁻¹IK⁻¹`` (``K = J +
+    J_prior``) are the grouped jackknife's bias-corrected estimates of the full data's. The
+    inverse of a Hessian from ``m`` of ``n`` rows is too large on average, by ``c(1/m - 1/n)``
+    to first order (for Wishart rows ``m/(m - d - 1)``: 5% on the variances at ``d = 1000``,
+    ``m = 20,000``, where the jackknife's standard error is a fifth of that), and ``S`` is
+    biased too, by that twice and by the rows' ``J`` and ``I`` moving together (+3.5% on a
+    heteroscedastic regression's variances at ``d = 200``, ``m = 5000``). The ``G``
+    leave-one-group-out estimates ``f_g``, each from ``m(G - 1)/G`` rows, measure the slope
+    ``c`` (Quenouille's jackknife, with the finite-population factor):
+
+    .. math::
+
+        f_c = f - (G - 1)(1 - m/n)\\,(\\bar f_g - f), \\qquad f \\in \\{K^{-1}, S\\},
+
+    then ``K = (K⁻¹)_c⁻¹`` and ``I = K S_c K``: every target ``w₁S + w₂K⁻¹`` is corrected.
+    Each plate's ``Cov_p`` moves by the same ``ΔI`` (so that ``I = Σ_p (n_p/n) Cov_p`` still
+    holds), which corrects SGD's law, shaped by them, alike. The rows and columns of the
+    parameters with no per-datum gradient stay zero in ``J`` and ``I`` (their curvature is
+    the prior's, exact). Unchanged for a diagonal ``J`` (its ``1/J_jj`` is biased by
+    ``O(1/m)`` alone; what it leaves out is
+    :func:`~numpyro_sgmc.tuner.laplace.correlations`'s, extrapolated there), on every row, or
+    where a corrected estimate is not positive (semi)definite."""
+    fpc = 1.0 - info.num_rows / info.num_data
+    if info.kind != "dense" or fpc <= 0 or not info.replicates:
+        return info
+    prior = np.asarray(info.J_prior.matrix, np.float64)
+    inverse = np.linalg.inv(np.asarray(info.potential_curvature.matrix, np.float64))
+    S = inverse @ np.asarray(info.I.matrix, np.float64) @ inverse
+    left_out = []
+    for J, I in info.replicates:
+        inverse_g = np.linalg.inv(np.asarray(J.matrix, np.float64) + prior)
+        left_out.append((inverse_g, inverse_g @ np.asarray(I.matrix, np.float64) @ inverse_g))
+    slope = (len(left_out) - 1) * fpc
+    bias = slope * (np.mean([a for a, _ in left_out], axis=0) - inverse)
+    inverse_c = _symmetric(inverse - bias)
+    S_c = _symmetric(S - slope * (np.mean([b for _, b in left_out], axis=0) - S))
+    if np.linalg.eigvalsh(inverse_c)[0] <= 0 or not _semidefinite(S_c):
+        return info
+    free = info.data_free
+    K = _symmetric(np.linalg.inv(inverse_c))
+    J_c, I_c = K - prior, _symmetric(K @ S_c @ K)
+    for M in (J_c, I_c):
+        M[free, :], M[:, free] = 0.0, 0.0
+    shift = I_c - np.asarray(info.I.matrix, np.float64)
+    plates = {
+        k: np.asarray(v.matrix, np.float64) + shift for k, v in info.plate_covariances.items()
+    }
+    if not all(_semidefinite(C) for C in plates.values()):
+        return info
+    relative = float(np.median(np.diagonal(bias) / np.diagonal(inverse)))
+    return info._replace(
+        J=Dense(J_c),
+        I=Dense(I_c),
+        plate_covariances={k: Dense(C) for k, C in plates.items()},
+        inverse_bias=relative,
+    )
+
+
+def _symmetric(M: np.ndarray) -> np.ndarray:
+    return 0.5 * (M + M.T)
+
+
+def _semidefinite(M: np.ndarray) -> bool:
+    values = np.linalg.eigvalsh(M)
+    return bool(values[0] >= -1e-8 * max(values[-1], 0.0))
 
 
 def sandwich(J, I):
@@ -452,7 +530,8 @@ def control_variate_noise(prepared, rng_key, model_args, model_kwargs, params, c
     :param covariance: ``Σ``, a scale.
     :return: ``(noise, error)``: plate name -> a scale (``Dense`` or ``Diagonal`` by
         ``kind``), and plate name -> ``(d,)`` the standard error of its diagonal relative to
-        it (zero for the exact probes; for random ones, from their spread).
+        it: the rows' sampling (from the spread of the rows' shares, times ``√(1 - R/n_p)``),
+        and for random probes their spread.
     """
     spec, layout, plates = prepared.spec, prepared.layout, prepared.plates
     dtype = jnp.result_type(float)
@@ -475,13 +554,14 @@ def control_variate_noise(prepared, rng_key, model_args, model_kwargs, params, c
         local = r[p.name]
         if d > num_probes and len(local) > CONTROL_VARIATE_ROWS:
             local = _probe_windows(windows, local, len(xi), CONTROL_VARIATE_ROWS)
-        spread, error = probe_spread(
+        spread, probe_error, rows_error = probe_spread(
             spec, structure, layout, kind, p.name, zf, deltas,
             host.device_array(local, np.int32), rows_arrays,
         )  # fmt: skip
         _check_finite([spread], f"the control-variate noise of plate '{p.name}'")
         out[p.name] = wrap(0.5 * (spread + spread.T) if kind == "dense" else spread)
-        errors[p.name] = np.zeros(d) if d <= num_probes else error
+        rows_error = rows_error * np.sqrt(max(0.0, 1.0 - local.shape[-1] / p.size))
+        errors[p.name] = rows_error if d <= num_probes else np.hypot(probe_error, rows_error)
     return out, errors
 
 

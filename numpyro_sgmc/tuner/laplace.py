@@ -44,6 +44,7 @@ from numpyro_sgmc.theory import target_covariance
 from numpyro_sgmc.tuner.fisher import (
     NotPositiveDefinite,
     control_variate_noise,
+    debiased,
     exact_probes,
     information_of,
 )
@@ -163,6 +164,9 @@ class Fit(NamedTuple):
     :param float unreached: where the polish did not settle, the length of its last step in
         posterior sds (0 where it did); above :data:`UNREACHED_SDS` the prediction error is
         infinite: nothing bounds a picture linearised that far from the mode.
+    :param bool unreached_diagonal: whether that length is of a step of the diagonal of ``J``
+        alone (the conjugate gradients on the Hessian failed): on correlated parameters it can
+        be far from the distance to the mode.
     """
 
     mode: dict
@@ -177,6 +181,7 @@ class Fit(NamedTuple):
     exact: Optional[tuple] = None
     cv_noise_error: Optional[dict] = None
     unreached: float = 0.0
+    unreached_diagonal: bool = False
 
 
 def fit(problem: Problem, warm, weights, must_settle: bool = False) -> Fit:
@@ -214,14 +219,14 @@ def fit(problem: Problem, warm, weights, must_settle: bool = False) -> Fit:
     # from the start, more estimates of J (START_CURVATURES), and no warning where they fail
     start = {"max_curvatures": START_CURVATURES, "warn_unsettled": False} if must_settle else {}
     try:
-        mode, distance, passes, info, exact, settled, remaining = newton_polish(
+        mode, distance, passes, info, exact, settled, remaining, rough = newton_polish(
             problem, warm.member(warm.best), gradient, info_at, potential=u, distance=apart,
             **start,
         )  # fmt: skip
     except (FloatingPointError, ValueError):  # a J not finite, or not usable, on the way
         if not must_settle:
             raise
-        settled, passes = False, 0  # the passes before the failure are not known here
+        settled, passes, rough = False, 0, False  # the passes before the failure: unknown
     if must_settle and not settled:
         raise PolishNotSettled(passes + visited / n)
     unreached = 0.0 if settled else remaining
@@ -248,6 +253,7 @@ def fit(problem: Problem, warm, weights, must_settle: bool = False) -> Fit:
         else:
             break
         info = info_at(mode)
+    info = debiased(info)  # the rows' bias of K⁻¹ and S, from the same jackknife
     target = target_covariance(info.potential_curvature, info.I, weights, info.data_free)
     target = target * (1.0 / n)
     # as many rows as made J and I accurate: a few thousand miss the rare rows of large
@@ -276,7 +282,7 @@ def fit(problem: Problem, warm, weights, must_settle: bool = False) -> Fit:
         error = with_correlations(error, linked, weights)
     return Fit(
         mode, info, distance, passes, error, cv_noise, findings, visited, linked, exact,
-        cv_noise_error, unreached,
+        cv_noise_error, unreached, rough and unreached > 0,
     )  # fmt: skip
 
 
@@ -508,14 +514,16 @@ def newton_polish(
     :param info_at: ``info_at(params, regularize, more_rows=False) -> Information``; a ``J``
         estimated near the mode whose step does not halve the distance is estimated again
         from twice the rows (heavy-tailed rows make a few thousand of them a poor ``J``).
-    :return: ``(mode, distance, passes, information, exact, settled)``: the polished mode,
+    :return: ``(mode, distance, passes, information, exact, settled, remaining, rough)``:
+        the polished mode,
         the length of the first step in posterior sds, the passes over the data (each
         evaluation of ``U`` on every row, the line searches' halvings included), the
         information at the mode (``None`` when the mode moved more than ``tol`` sds since it
         was estimated), ``(x, ĝ)``, the last point whose full-data gradient ``ĝ`` a pass
         computed (within :data:`SETTLING_SDS` of the mode; the mode itself if the polish stopped
         short), whether it settled within ``tol``, and the last step's length in posterior
-        sds (how far from the mode it stopped).
+        sds (how far from the mode it stopped), and whether a step of the diagonal of ``J``
+        alone stood in for the Newton direction on the way (the lengths are then that step's).
     """
     prepared = problem.prepared
     layout, n = prepared.layout, prepared.num_data
@@ -599,7 +607,8 @@ def newton_polish(
     # the last step, from a J estimated where it started, is within tol of exact; it needs no
     # pass of its own: ∇U there follows from ∇U at x (linearity's anchor)
     mode = _point(layout, x + step if settled else x, dtype)
-    return mode, first, passes, (info if settled and fresh else None), (x, g), settled, distance
+    fitted = info if settled and fresh else None
+    return mode, first, passes, fitted, (x, g), settled, distance, rough
 
 
 def _newton_direction(problem, x, g, J, num_rows, fallback, dtype, iterations=100):

@@ -45,7 +45,9 @@ class TuningReport(NamedTuple):
         the start itself, where ``warm_start.num_epochs`` is 0), in posterior sds;
         ``mode_distance``: how far from the mode the Newton steps stopped, in posterior sds,
         where they did not settle (0 where they did; ``Fit.unreached`` of
-        :mod:`~numpyro_sgmc.tuner.laplace`).
+        :mod:`~numpyro_sgmc.tuner.laplace`); ``mode_distance_diagonal``: whether that length
+        is of a step of ``J``'s diagonal alone (conjugate gradients on the Hessian failed),
+        which on correlated parameters can be far from the distance to the mode.
     :param dict mode: unconstrained mode (``init_params`` for ``MCMC.run``); ``constrained_mode``
         the same in constrained space.
     :param information: the :class:`~numpyro_sgmc.tuner.fisher.Information` at the mode;
@@ -98,6 +100,7 @@ class TuningReport(NamedTuple):
     nonlinearity: list = []
     correlations: Optional[object] = None
     mode_distance: float = 0.0
+    mode_distance_diagonal: bool = False
 
     @property
     def drift(self):
@@ -136,6 +139,18 @@ class TuningReport(NamedTuple):
         """``(d,)`` predicted standard deviation of each unconstrained parameter."""
         return np.sqrt(np.asarray(self.covariance.diagonal(), np.float64))
 
+    def unsettled(self) -> str:
+        """Where the Newton steps stopped short of the mode, in words (``mode_distance``)."""
+        if self.mode_distance_diagonal:
+            return (
+                "the tuner's Newton steps did not settle (their last step, of the diagonal of "
+                f"J alone, was {self.mode_distance:.3g} sds long: the distance to the mode "
+                "itself is unknown)"
+            )
+        return (
+            f"the tuner's Newton steps stopped {self.mode_distance:.3g} posterior sds from the mode"
+        )
+
     def __str__(self) -> str:
         return describe(self)
 
@@ -168,10 +183,15 @@ def describe(report: TuningReport) -> str:
         f"cond(J) = {info.condition_numbers['J']:.3g}, "
         f"cond(I) = {info.condition_numbers['I']:.3g}; " + _newton_line(report),
     ]
+    if info.inverse_bias:
+        lines.append(
+            f"  J⁻¹ and S from {info.num_rows} rows corrected for their bias (an inverse from "
+            f"rows is too large: by {100 * info.inverse_bias:.2g}% on the median variance here)"
+        )
     if report.mode_distance > UNREACHED_SDS:
         lines.append(
-            f"  prediction error: unknown: the Newton steps stopped {report.mode_distance:.3g} "
-            "posterior sds from the mode, and a picture linearised there bounds nothing"
+            f"  prediction error: unknown: {report.unsettled()}, and a picture linearised "
+            "there bounds nothing"
         )
     elif report.prediction_error is not None:
         lines.append(

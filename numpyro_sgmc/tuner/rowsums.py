@@ -224,19 +224,24 @@ def _spread(spec, structure, layout, kind, name, zf, deltas, rows, arrays):
     if rows.ndim == 1:  # the same rows for every probe: ∇l_i(θ̂) once, the model traced once
 
         def shared(carry, k_delta):  # step 0 (δ = 0) keeps ∇l_i(θ̂) as the base
-            base, acc, squares = carry
+            base, per_row, acc, squares = carry
             k, delta = k_delta
             g = grads(zf + delta, rows)
             base = jnp.where(k == 0, g, base)
+            u = g - base
+            u = u - jnp.mean(u, 0)
             part, diagonal = moments(g, base)  # zero at step 0
-            return (base, acc + part, squares + diagonal**2), None
+            return (base, per_row + u**2, acc + part, squares + diagonal**2), None
 
         steps = (
             jnp.arange(deltas.shape[0] + 1),
             jnp.concatenate([jnp.zeros((1, d), zf.dtype), deltas]),
         )
-        start = (jnp.zeros((rows.shape[0], d), zf.dtype),) + zeros
-        (_, acc, squares), _ = lax.scan(shared, start, steps)
+        empty = jnp.zeros((rows.shape[0], d), zf.dtype)
+        (_, per_row, acc, squares), _ = lax.scan(shared, (empty, empty) + zeros, steps)
+        # each row's share of the diagonal, over the probes: its spread over rows is the
+        # rows' sampling error of the diagonal
+        rows_variance = jnp.var(per_row / deltas.shape[0], axis=0)
     else:  # rows of its own per probe: ∇l_i at θ̂ and θ̂ + δ_k, one trace vmapped over both
 
         def own(carry, delta_rows):
@@ -247,21 +252,31 @@ def _spread(spec, structure, layout, kind, name, zf, deltas, rows, arrays):
             return (acc + part, squares + diagonal**2), None
 
         (acc, squares), _ = lax.scan(own, zeros, (deltas, rows))
-    return acc / deltas.shape[0], squares / deltas.shape[0]
+        rows_variance = jnp.zeros(d, zf.dtype)
+    return acc / deltas.shape[0], squares / deltas.shape[0], rows_variance
 
 
 def probe_spread(spec, structure, layout, kind, name, zf, deltas, rows, arrays) -> tuple:
-    """``(M̂, e)``: ``M̂ = mean_k Cov_{i∈S_k}[∇l_i(θ̂ + δ_k) - ∇l_i(θ̂)]`` over rows ``S_k``
+    """``(M̂, e, r)``: ``M̂ = mean_k Cov_{i∈S_k}[∇l_i(θ̂ + δ_k) - ∇l_i(θ̂)]`` over rows ``S_k``
     of plate ``name`` and the probes ``deltas`` (``(K, d)``, drawn from the law the chain
     samples): the per-datum-Hessian noise that control variates leave,
     ``M(Σ) = (1/n)Σ_i H_iΣH_i - H̄ΣH̄`` of ``docs/theory.md`` §3 when the gradient is linear
     over the probes, and the exact noise of the estimate at those points when it is not.
     ``rows``: ``(R,)``, the same rows for every probe, or ``(K, m)``, rows of its own per
-    probe. ``(d, d)``, or its diagonal. ``e``: ``(d,)``, the standard error of ``M̂``'s
-    diagonal relative to it, from the spread of the probes' own estimates (for random probes;
-    with rows of their own, it counts the rows' sampling too)."""
-    out, squares = _spread(spec, structure, layout, kind, name, zf, deltas, rows, arrays)
+    probe. ``(d, d)``, or its diagonal. ``e`` and ``r``: ``(d,)``, standard errors of ``M̂``'s
+    diagonal relative to it. ``e`` from the spread of the probes' own estimates (for random
+    probes; with rows of their own it counts the rows' sampling too); ``r``, with the same
+    rows for every probe, from the spread over the rows of each row's share: the rows'
+    sampling, as if of infinitely many (zeros with rows of their own)."""
+    out, squares, rows_variance = _spread(
+        spec, structure, layout, kind, name, zf, deltas, rows, arrays
+    )
     out, squares = np.asarray(out, np.float64), np.asarray(squares, np.float64)
     mean = np.diag(out) if kind == "dense" else out
-    spread = np.sqrt(np.maximum(squares - mean**2, 0.0) / deltas.shape[0])
-    return out, np.where(mean > 0, spread / np.where(mean > 0, mean, 1.0), 0.0)
+    probes = np.sqrt(np.maximum(squares - mean**2, 0.0) / deltas.shape[0])
+    rows = np.sqrt(np.asarray(rows_variance, np.float64) / rows.shape[-1])
+
+    def relative(e):
+        return np.where(mean > 0, e / np.where(mean > 0, mean, 1.0), 0.0)
+
+    return out, relative(probes), relative(rows)

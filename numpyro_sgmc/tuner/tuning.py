@@ -313,7 +313,7 @@ def _warm_sample_rows(plates, model_args, model_kwargs, blocks) -> int:
 def noise_estimate_error(tuning, relative: np.ndarray) -> np.ndarray:
     """``(d,)``: the relative error of the run's sds that the control-variate noise's estimate
     leaves, given the estimate's relative standard error on each parameter's diagonal
-    (``relative``: zero for exact probes, from their spread for random ones;
+    (``relative``: the rows' sampling, and for random probes their spread;
     :func:`~numpyro_sgmc.tuner.fisher.control_variate_noise`).
 
     The injected noise is what the target needs less the gradient noise's estimate
@@ -611,6 +611,7 @@ def _build(problem, fit, warm, choice, data):
         alternatives=choice.alternatives,
         correlations=linked,
         mode_distance=fit.unreached,
+        mode_distance_diagonal=fit.unreached_diagonal,
     )
     return kernel, report
 
