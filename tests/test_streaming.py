@@ -284,6 +284,27 @@ def test_the_tuner_on_files_is_the_tuner_in_memory(tmp_path, monkeypatch):
     )
 
 
+def test_a_memory_mapped_x_beside_a_y_in_memory_is_the_data_in_memory(tmp_path, problem):
+    """A new user's set-up: the covariates memory-mapped, the responses a NumPy array or a
+    pandas Series. The start's first rows cut the plate's arguments together (it cut the
+    file alone, and NumPyro's shape error named no fix); tuning and draws are those in
+    memory."""
+    import pandas as pd
+
+    X, y = np.asarray(problem.X), np.asarray(problem.y)
+    (on_file,) = _on_disk(tmp_path, X=X)
+    memory_kernel, memory = autotune(linear_regression, jax.random.key(0), X, y)
+    for responses in (y, pd.Series(y)):
+        kernel, mixed = autotune(linear_regression, jax.random.key(0), on_file, responses)
+        assert mixed.step_size == pytest.approx(memory.step_size, rel=1e-4)
+        np.testing.assert_allclose(mixed.mode["theta"], memory.mode["theta"], rtol=1e-4)
+    key = jax.random.key(1)
+    run = run_kernel(kernel, key, on_file, pd.Series(y), num_samples=50)
+    in_memory = run_kernel(memory_kernel, key, X, y, num_samples=50)
+    np.testing.assert_allclose(run.samples["theta"], in_memory.samples["theta"], rtol=1e-4,
+                               atol=1e-5)  # fmt: skip
+
+
 def test_a_file_is_checked_for_non_finite_rows_once_per_version(tmp_path, problem, monkeypatch):
     from numpyro_sgmc.data import validation
 

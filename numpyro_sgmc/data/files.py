@@ -195,7 +195,9 @@ def first_rows(arrays: tuple, plates: tuple) -> tuple:
     (:func:`~numpyro_sgmc.data.subsample.first_batch`) or on no rows (the prior's terms) reads
     of it. The plates keep their sizes (``data_indexed_model``), so the program computes what
     it computes on the whole argument. As :func:`rows_in_memory`, data in memory, ambiguous
-    plates and memory maps' rows of more than :data:`MAX_DRAW_BYTES` are left as they are."""
+    plates and memory maps' rows of more than :data:`MAX_DRAW_BYTES` are left as they are.
+    A plate's per-row arguments are cut together, those in memory too: a memory-mapped ``X``
+    cut beside a whole ``y`` in memory gave the plate two lengths."""
     if not any(file_backed(x) for x in arrays):
         return arrays
     try:
@@ -204,11 +206,15 @@ def first_rows(arrays: tuple, plates: tuple) -> tuple:
         return arrays
     batch = {p.name: p.batch_size for p in plates}
     leaves = list(arrays)
-    for k, name in zip(fed.leaves, fed.plates, strict=True):
-        x = arrays[k]
-        small = batch[name] * x[:1].nbytes <= MAX_DRAW_BYTES
-        if file_backed(x) and (small or zarr_array(x)):
-            leaves[k] = np.array(read_rows(x, 0, batch[name]))
+    for name in set(fed.plates):
+        own = [k for k, p in zip(*fed, strict=True) if p == name]
+        row_bytes = sum(arrays[k][:1].nbytes for k in own)
+        small = batch[name] * row_bytes <= MAX_DRAW_BYTES
+        if any(file_backed(arrays[k]) for k in own) and (
+            small or any(zarr_array(arrays[k]) for k in own)
+        ):
+            for k in own:
+                leaves[k] = np.array(read_rows(arrays[k], 0, batch[name]))
     return tuple(leaves)
 
 
