@@ -553,6 +553,28 @@ def test_a_diagonal_steps_length_is_not_called_the_distance_to_the_mode(monkeypa
     assert "the distance to the mode itself is unknown" in said and "stopped" not in said
 
 
+def test_terms_not_finite_where_the_steps_stopped_short_say_there_is_no_mode(monkeypatch):
+    """A regularized horseshoe's warm start stopped 6·10⁹ sds out, where the control-variate
+    noise was not finite, and the error told the user to pass unconstrained params (they had
+    passed none). Where the steps did not settle, terms not finite at the tuner's own point
+    say there is no mode, with the causes (a shrinkage prior among them) and their fixes."""
+    from numpyro_sgmc.tuner import fisher, laplace
+
+    def not_finite(*args, **kwargs):
+        fisher._check_finite([np.array(np.inf)], "the control-variate noise terms of plate 'data'")
+
+    X, y = make_logistic(n=4000, d=3, seed=1)
+    monkeypatch.setattr(laplace, "newton_polish", partial(laplace.newton_polish, max_passes=0))
+    monkeypatch.setattr(laplace, "control_variate_noise", not_finite)
+    with warnings.catch_warnings(), pytest.raises(ValueError) as error:
+        warnings.simplefilter("ignore")
+        autotune(logistic_regression, KEY, X, y, warm_start_epochs=0.05, learning_rate=1e-3)
+    message = str(error.value)
+    assert "found no mode" in message and "noise terms of plate 'data' are not finite" in message
+    assert "shrinkage prior (horseshoe" in message and "NUTS" in message
+    assert "pass unconstrained values" not in message
+
+
 @pytest.mark.slow  # 10-23 s: the quick suite's 10 minutes
 def test_the_run_takes_the_tuners_centre_gradient_on_the_same_data_only(tmp_path):
     """On the data it was tuned on (the same memory-mapped files, the same JAX arrays, or small

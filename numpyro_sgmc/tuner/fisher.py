@@ -558,7 +558,7 @@ def control_variate_noise(prepared, rng_key, model_args, model_kwargs, params, c
             spec, structure, layout, kind, p.name, zf, deltas,
             host.device_array(local, np.int32), rows_arrays,
         )  # fmt: skip
-        _check_finite([spread], f"the control-variate noise of plate '{p.name}'")
+        _check_finite([spread], f"the control-variate noise terms of plate '{p.name}'")
         out[p.name] = wrap(0.5 * (spread + spread.T) if kind == "dense" else spread)
         rows_error = rows_error * np.sqrt(max(0.0, 1.0 - local.shape[-1] / p.size))
         errors[p.name] = rows_error if d <= num_probes else np.hypot(probe_error, rows_error)
@@ -595,13 +595,22 @@ def check_params(params, prepared, dtype) -> dict:
     return out
 
 
+class NotFinite(ValueError):
+    """Terms of the information are not finite at the point given; ``what``: which."""
+
+    def __init__(self, what, message):
+        super().__init__(message)
+        self.what = what
+
+
 def _check_finite(arrays, what):
     if not all(np.all(np.isfinite(a)) for a in arrays):
-        raise ValueError(
+        raise NotFinite(
+            what,
             f"information: {what} are not finite at params. params are probably not at a "
             "mode, or the model's log-density (or its derivatives) is not finite there: pass "
             "unconstrained values (e.g. log(sigma), not sigma) at which the potential is finite, "
-            "such as the result of an optimiser."
+            "such as the result of an optimiser.",
         )
 
 

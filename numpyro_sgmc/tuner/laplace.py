@@ -23,6 +23,7 @@ to trust them.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from functools import partial
 from typing import NamedTuple, Optional
 
@@ -42,6 +43,7 @@ from numpyro_sgmc.kernels.curvature import random_rows
 from numpyro_sgmc.scales import Diagonal, positive_definite
 from numpyro_sgmc.theory import target_covariance
 from numpyro_sgmc.tuner.fisher import (
+    NotFinite,
     NotPositiveDefinite,
     control_variate_noise,
     debiased,
@@ -230,56 +232,52 @@ def fit(problem: Problem, warm, weights, must_settle: bool = False) -> Fit:
     if must_settle and not settled:
         raise PolishNotSettled(passes + visited / n)
     unreached = 0.0 if settled else remaining
-    if info is None or info.regularization > 0 or options.regularize is not None:
-        try:
+    with _no_mode_unless(settled):  # where the steps stopped short
+        if info is None or info.regularization > 0 or options.regularize is not None:
             info = info_at(mode)  # the curvature at the mode, with the user's regularisation
-        except NotPositiveDefinite as error:
-            if settled:
-                raise
-            raise ValueError(_no_mode(error.sites, _NOT_POSITIVE)) from error
-    while True:
-        error = prediction_error(info, weights)
-        worst = float(np.max(error))
-        noisy_probes = kind == "diagonal" and float(np.max(info.probe_error)) > 0.1
-        if noisy_probes and probes < MAX_PROBES:
-            probes *= 4
-        elif worst > options.tolerance and info.num_rows < n:
-            # the error falls as 1/sqrt(rows); a quarter more for the estimate's own noise.
-            # The rows double (as many times as that asks): the count is a static shape of
-            # the compiled sums, so new data of the same shapes, whose error asks for a
-            # slightly different count, finds it compiled
-            wanted = info.num_rows * (worst / options.tolerance) ** 2 * 1.25
-            rows = min(n, info.num_rows * 2 ** math.ceil(math.log2(wanted / info.num_rows)))
-        else:
-            break
-        info = info_at(mode)
-    info = debiased(info)  # the rows' bias of K⁻¹ and S, from the same jackknife
-    target = target_covariance(info.potential_curvature, info.I, weights, info.data_free)
-    target = target * (1.0 / n)
-    # as many rows as made J and I accurate: a few thousand miss the rare rows of large
-    # curvature (raw covariates) that dominate the control-variate noise
-    cv_rows = min(n, max(CONTROL_VARIATE_ROWS, info.num_rows))
-    cv_noise, cv_noise_error = control_variate_noise(
-        prepared, problem.rng_key, problem.model_args, problem.model_kwargs, mode, target,
-        num_rows=cv_rows, kind=kind,
-    )  # fmt: skip
-    visited += cv_rows
-    findings = linearity(problem, mode, target, exact=exact, data_free=info.data_free)
-    flat = [f.label for f in findings if not math.isfinite(f.sd_ratio) and f.parameter is None]
-    flat = list(dict.fromkeys(flat))
-    # the steps put the mode within a sd, yet the potential does not rise on one side: no
-    # near-Gaussian mode, no kernel. Farther out, the descent towards the mode explains the
-    # profile (a rise of ½t² - tm at distance m), and the prediction goes without an error bar
-    if flat and not settled and unreached <= UNREACHED_SDS:
-        raise ValueError(_no_mode(flat, _NO_RISE))
-    error = np.sqrt(error**2 + linearity_error(findings, target) ** 2)
-    if unreached > UNREACHED_SDS:  # a picture linearised away from the mode: no error bar
-        error = np.full(d, np.inf)
-    linked = None
-    if kind == "diagonal":
-        linked = correlations(problem, mode, info)
-        visited += linked.num_rows
-        error = with_correlations(error, linked, weights)
+        while True:
+            error = prediction_error(info, weights)
+            worst = float(np.max(error))
+            noisy_probes = kind == "diagonal" and float(np.max(info.probe_error)) > 0.1
+            if noisy_probes and probes < MAX_PROBES:
+                probes *= 4
+            elif worst > options.tolerance and info.num_rows < n:
+                # the error falls as 1/sqrt(rows); a quarter more for the estimate's own noise.
+                # The rows double (as many times as that asks): the count is a static shape of
+                # the compiled sums, so new data of the same shapes, whose error asks for a
+                # slightly different count, finds it compiled
+                wanted = info.num_rows * (worst / options.tolerance) ** 2 * 1.25
+                rows = min(n, info.num_rows * 2 ** math.ceil(math.log2(wanted / info.num_rows)))
+            else:
+                break
+            info = info_at(mode)
+        info = debiased(info)  # the rows' bias of K⁻¹ and S, from the same jackknife
+        target = target_covariance(info.potential_curvature, info.I, weights, info.data_free)
+        target = target * (1.0 / n)
+        # as many rows as made J and I accurate: a few thousand miss the rare rows of large
+        # curvature (raw covariates) that dominate the control-variate noise
+        cv_rows = min(n, max(CONTROL_VARIATE_ROWS, info.num_rows))
+        cv_noise, cv_noise_error = control_variate_noise(
+            prepared, problem.rng_key, problem.model_args, problem.model_kwargs, mode, target,
+            num_rows=cv_rows, kind=kind,
+        )  # fmt: skip
+        visited += cv_rows
+        findings = linearity(problem, mode, target, exact=exact, data_free=info.data_free)
+        flat = [f.label for f in findings if not math.isfinite(f.sd_ratio) and f.parameter is None]
+        flat = list(dict.fromkeys(flat))
+        # the steps put the mode within a sd, yet the potential does not rise on one side: no
+        # near-Gaussian mode, no kernel. Farther out, the descent towards the mode explains the
+        # profile (a rise of ½t² - tm at distance m), and the prediction goes without an error bar
+        if flat and not settled and unreached <= UNREACHED_SDS:
+            raise ValueError(_no_mode(_NO_RISE.format(", ".join(flat))))
+        error = np.sqrt(error**2 + linearity_error(findings, target) ** 2)
+        if unreached > UNREACHED_SDS:  # a picture linearised away from the mode: no error bar
+            error = np.full(d, np.inf)
+        linked = None
+        if kind == "diagonal":
+            linked = correlations(problem, mode, info)
+            visited += linked.num_rows
+            error = with_correlations(error, linked, weights)
     return Fit(
         mode, info, distance, passes, error, cv_noise, findings, visited, linked, exact,
         cv_noise_error, unreached, rough and unreached > 0,
@@ -301,23 +299,42 @@ def _exact_diagonal_wanted(info, probes, d) -> bool:
     return noisy and probes < d and exact_probes(d) <= EXACT_DIAGONAL_PROBES
 
 
-def _no_mode(sites, where: str) -> str:
+@contextmanager
+def _no_mode_unless(settled: bool):
+    """Where the polish did not settle, a ``J + J_prior`` not positive definite or terms not
+    finite at the point it reached say there is no mode, not that the user's params are bad
+    (the point is the tuner's own): :func:`_no_mode`."""
+    try:
+        yield
+    except NotPositiveDefinite as error:
+        if settled:
+            raise
+        raise ValueError(_no_mode(_NOT_POSITIVE.format(", ".join(error.sites)))) from error
+    except NotFinite as error:
+        if settled:
+            raise
+        raise ValueError(_no_mode(f"{error.what} are not finite")) from error
+
+
+def _no_mode(where: str) -> str:
     """Why there is nothing to tune at when the polish did not settle and, where it stopped,
-    ``where`` (``_NOT_POSITIVE`` or ``_NO_RISE``) holds along ``sites``; the fixes."""
+    ``where`` holds (``_NOT_POSITIVE``, ``_NO_RISE``, terms not finite); the fixes."""
     return (
         "autotune found no mode to linearise at: the damped Newton steps after the warm start "
         "did not settle (the ConvergenceWarning above), and where they stopped "
-        f"{where.format(', '.join(sites))}. The tuner predicts a Gaussian at a mode, and this "
-        "posterior is not near-Gaussian around any point they reached: a ridge, a funnel or "
-        "a flat direction. A common cause is a non-centred hierarchy (alpha = mu + tau * z) "
-        "whose groups are observed by tens of rows or more: its posterior curves along the "
-        "group scale, and its joint mode, held there by the scale's prior, is far from where "
-        "the posterior is. Write such a hierarchy centred (alpha ~ Normal(mu, tau)), which is "
-        "near-Gaussian when every group has many rows; otherwise (separable classes, a flat "
-        "likelihood) give these sites a more informative prior, or run the warm start longer "
-        "(warm_start_epochs). A posterior with several modes (a mixture's exchangeable "
-        "components) has no single Gaussian either: order the components (an ordered_vector "
-        "of means) and start at the mode you want (init_strategy=init_to_value(values=...)), "
+        f"{where}. The tuner predicts a Gaussian at a mode, and this posterior is not "
+        "near-Gaussian around any point they reached: a ridge, a funnel or a flat direction. "
+        "Common causes: (1) a non-centred hierarchy (alpha = mu + tau * z) whose groups are "
+        "observed by tens of rows or more: its posterior curves along the group scale; write "
+        "it centred (alpha ~ Normal(mu, tau)), which is near-Gaussian when every group has "
+        "many rows; (2) a group scale that may be near zero (groups that differ less than "
+        "their rows resolve, or a few groups) or a shrinkage prior (horseshoe, heavy-tailed "
+        "local scales): its posterior piles up against zero in either form, with no Gaussian "
+        "to tune for: sample it with NUTS (on all the data), or fix or drop that scale; "
+        "(3) separable classes or a flat likelihood: give these sites a more informative "
+        "prior, or run the warm start longer (warm_start_epochs); (4) several modes (a "
+        "mixture's exchangeable components): order the components (an ordered_vector of "
+        "means) and start at the mode you want (init_strategy=init_to_value(values=...)), "
         "or sample it with NUTS."
     )
 

@@ -37,8 +37,8 @@ so those rows take the smallest batch (down to ``min_batch_size``) whose gradien
 most half of what the target needs (at most ``1/(2g²)`` of it along a direction whose
 curvature grows ``g``-fold where a chain goes: :func:`tail_noise_fraction`) and whose noise
 estimate moves no sd of the run by more than ``tolerance`` (:func:`noise_estimate_error`), and
-a larger one than the model's when even that is too noisy; rows F, B, G mix in ``1/w₁`` epochs whatever ``b`` and keep the model's
-batch, halved while the step bound needs it.
+a larger one than the model's when even that is too noisy; rows F, B, G mix in ``1/w₁``
+epochs whatever ``b`` and keep the model's batch, halved while the step bound needs it.
 
 Cost is counted in gradient evaluations per datum (epochs): ``b`` per iteration, ``2b`` with
 control variates.
