@@ -112,7 +112,9 @@ def divergence_message(kernel_name: str, step_size, iteration, num_chains, num_s
         "the likely cause: the linearised chain is only stable while h * lambda_max(Gamma J) "
         "< 4 for the first-order kernels and h * lambda_max(M^-1 J) < 2 (2 - momentum_decay) "
         "for SGHMC (docs/theory.md §3, §5); reduce step_size, precondition with an estimate "
-        "of J^-1, or let numpyro_sgmc.autotune choose it."
+        "of J^-1, or let numpyro_sgmc.autotune choose it. A kernel autotune chose diverges "
+        "where the posterior is far from the Gaussian it was tuned for (its warnings say "
+        "where): re-tune with a smaller max_step, or sample the model with NUTS."
     )
 
 
