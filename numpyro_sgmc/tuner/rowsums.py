@@ -211,9 +211,11 @@ def _spread_work(zf, deltas, rows, **_) -> int:
 def _spread(spec, structure, layout, kind, name, zf, deltas, rows, arrays):
     d = zf.shape[0]
 
-    def moments(g, base):  # this probe's Cov_i[∇l_i(θ̂ + δ) - ∇l_i(θ̂)] and its diagonal
+    def centred(g, base):  # ∇l_i(θ̂ + δ) - ∇l_i(θ̂), less its mean over the rows
         u = g - base
-        u = u - jnp.mean(u, 0)
+        return u - jnp.mean(u, 0)
+
+    def moments(u):  # this probe's Cov_i[∇l_i(θ̂ + δ) - ∇l_i(θ̂)] and its diagonal
         diagonal = jnp.mean(u**2, 0)
         return (u.T @ u / u.shape[0] if kind == "dense" else diagonal), diagonal
 
@@ -228,9 +230,8 @@ def _spread(spec, structure, layout, kind, name, zf, deltas, rows, arrays):
             k, delta = k_delta
             g = grads(zf + delta, rows)
             base = jnp.where(k == 0, g, base)
-            u = g - base
-            u = u - jnp.mean(u, 0)
-            part, diagonal = moments(g, base)  # zero at step 0
+            u = centred(g, base)
+            part, diagonal = moments(u)  # zero at step 0
             return (base, per_row + u**2, acc + part, squares + diagonal**2), None
 
         steps = (
@@ -248,7 +249,7 @@ def _spread(spec, structure, layout, kind, name, zf, deltas, rows, arrays):
             acc, squares = carry
             delta, idx = delta_rows
             base, g = jax.vmap(grads, (0, None))(jnp.stack([zf, zf + delta]), idx)
-            part, diagonal = moments(g, base)
+            part, diagonal = moments(centred(g, base))
             return (acc + part, squares + diagonal**2), None
 
         (acc, squares), _ = lax.scan(own, zeros, (deltas, rows))
@@ -274,9 +275,9 @@ def probe_spread(spec, structure, layout, kind, name, zf, deltas, rows, arrays) 
     out, squares = np.asarray(out, np.float64), np.asarray(squares, np.float64)
     mean = np.diag(out) if kind == "dense" else out
     probes = np.sqrt(np.maximum(squares - mean**2, 0.0) / deltas.shape[0])
-    rows = np.sqrt(np.asarray(rows_variance, np.float64) / rows.shape[-1])
+    sampling = np.sqrt(np.asarray(rows_variance, np.float64) / rows.shape[-1])
 
     def relative(e):
         return np.where(mean > 0, e / np.where(mean > 0, mean, 1.0), 0.0)
 
-    return out, relative(probes), relative(rows)
+    return out, relative(probes), relative(sampling)

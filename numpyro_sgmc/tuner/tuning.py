@@ -324,20 +324,23 @@ def noise_estimate_error(tuning, relative: np.ndarray) -> np.ndarray:
     an sd. With 300 group intercepts each seen by about one row of a batch of 400, 64 random
     probes left ``ε ≈ 18%`` at ``φ ≈ 0.4``, and the run's sds were 3.5% from the prediction
     parameter by parameter (up to 12%)."""
-    d = len(relative)
     if not tuning.control_variates or math.isinf(tuning.inverse_temperature):
-        return np.zeros(d)
-    target, drift = tuning.target, tuning.drift
-    needed = np.asarray(scales.symmetrized(target - drift @ target @ drift.T).diagonal())
-    injected = np.asarray(tuning.noise_preconditioner.diagonal()) * (
-        tuning.step_size / tuning.inverse_temperature
-    )
-    share = np.clip(1.0 - injected / needed, 0.0, 1.0)
+        return np.zeros(len(relative))
+    needed, injected = _noise_need(tuning)
+    share = np.clip(1.0 - np.asarray(injected.diagonal()) / np.asarray(needed.diagonal()), 0, 1)
     return 0.5 * share * relative
 
 
+def _noise_need(tuning) -> tuple:
+    """``(Σ_t - FΣ_tFᵀ, (h/β)Λ)``: the noise per step the target needs, and what is injected
+    (the rest is the gradient noise's estimate), as scales."""
+    target, drift = tuning.target, tuning.drift
+    needed = scales.symmetrized(target - drift @ target @ drift.T)
+    return needed, tuning.noise_preconditioner * (tuning.step_size / tuning.inverse_temperature)
+
+
 def tail_noise_fraction(tuning, direction) -> float:
-    """The share of the noise the target needs along ``direction`` (``vᵀ·v``) that the
+    """The share of the noise the target needs along ``direction`` ``v`` that the
     control-variate gradient noise supplies: ``1 - (h/β)vᵀΛv / vᵀ(Σ_t - FΣ_tFᵀ)v`` (0 without
     control variates).
 
@@ -353,10 +356,7 @@ def tail_noise_fraction(tuning, direction) -> float:
     if not tuning.control_variates or math.isinf(tuning.inverse_temperature):
         return 0.0
     v = np.asarray(direction, np.float64)
-    target, drift = tuning.target, tuning.drift
-    needed = float(v @ np.asarray(scales.symmetrized(target - drift @ target @ drift.T).apply(v)))
-    injected = float(v @ np.asarray(tuning.noise_preconditioner.apply(v)))
-    injected *= tuning.step_size / tuning.inverse_temperature
+    needed, injected = (float(v @ np.asarray(m.apply(v))) for m in _noise_need(tuning))
     return max(0.0, 1.0 - injected / needed) if needed > 0 else 0.0
 
 
