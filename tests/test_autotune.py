@@ -575,6 +575,56 @@ def test_terms_not_finite_where_the_steps_stopped_short_say_there_is_no_mode(mon
     assert "pass unconstrained values" not in message
 
 
+def laplace_regression(X, y):
+    beta = numpyro.sample("beta", dist.Normal(0, 10).expand([X.shape[1]]).to_event(1))
+    scale = numpyro.sample("scale", dist.HalfNormal(5.0))
+    with numpyro.plate("data", X.shape[0], subsample_size=500):
+        Xb = numpyro.subsample(X, event_dim=1)
+        numpyro.sample("y", dist.Laplace(Xb @ beta, scale), obs=numpyro.subsample(y, event_dim=0))
+
+
+def test_a_likelihood_with_no_curvature_is_refused_naming_it():
+    """A robust regression with a Laplace likelihood: its second derivative in the
+    coefficients is zero at every row, so the Newton steps, the predicted sds and the step
+    bound (all built on that curvature) had nothing to stand on. The tuner said the warm start
+    stopped "2,360 sds from the mode" and the posterior was "not near-Gaussian" (NUTS finds it
+    near-Gaussian), and with regularize='auto' it returned a kernel that diverged at every
+    step. It is now refused, naming the coefficients, the cause and NUTS."""
+    rng = np.random.default_rng(0)
+    n = 20_000
+    X = np.column_stack([np.ones(n), rng.normal(size=(n, 2))]).astype(np.float32)
+    y = (X @ np.array([1.0, -0.5, 0.3]) + rng.laplace(0, 1.5, size=n)).astype(np.float32)
+    for options in ({}, {"regularize": "auto"}):
+        with warnings.catch_warnings(), pytest.raises(ValueError) as error:
+            warnings.simplefilter("ignore")
+            autotune(laplace_regression, KEY, X, y, **options)
+        message = str(error.value)
+        assert "along beta[0], beta[1], beta[2] the log-likelihood's per-datum" in message
+        assert "curvature is zero at almost every row" in message and "NUTS" in message
+        assert "scale" not in message.split("along")[1].split("the log")[0]
+
+
+def product_of_two(y):
+    a = numpyro.sample("a", dist.Normal(0, 1))
+    b = numpyro.sample("b", dist.Normal(0, 1))
+    with numpyro.plate("data", y.shape[0], subsample_size=100):
+        numpyro.sample("y", dist.Normal(a * b, 1.0), obs=numpyro.subsample(y, event_dim=0))
+
+
+def test_newton_steps_at_a_saddle_say_so():
+    """``y ~ Normal(ab, 1)`` with a mean of 2 started at ``a = b = 0``: the gradient vanishes
+    there, ``J`` is indefinite (a saddle). The steps divided by the previous step's length,
+    zero (a ZeroDivisionError); now the warning says a saddle or a ridge was reached, not that
+    the steps "did not reach" a mode a step of 0 sds away, and the error names the
+    directions."""
+    from numpyro_sgmc.diagnostics import ConvergenceWarning
+
+    y = (2.0 + np.random.default_rng(0).standard_normal(2000)).astype(np.float32)
+    with pytest.warns(ConvergenceWarning, match="a saddle or a ridge, not a mode"):
+        with pytest.raises(ValueError, match="not positive definite in the direction of a, b"):
+            autotune(product_of_two, KEY, y, warm_start_epochs=0.05, learning_rate=1e-9)
+
+
 @pytest.mark.slow  # 10-23 s: the quick suite's 10 minutes
 def test_the_run_takes_the_tuners_centre_gradient_on_the_same_data_only(tmp_path):
     """On the data it was tuned on (the same memory-mapped files, the same JAX arrays, or small

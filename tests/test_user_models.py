@@ -374,7 +374,7 @@ def test_separable_classes_under_a_heavy_tailed_prior_are_said():
         pytest.raises(
             ValueError,
             match=r"found no mode.*does not rise on one side along beta"
-            r".*\(separable classes, a flat likelihood\) give these sites a more "
+            r".*separable classes or a flat likelihood: give these sites a more "
             r"informative prior",
         ),  # fmt: skip
     ):

@@ -23,7 +23,7 @@ from numpyro_sgmc.data.progress import interrupts
 from numpyro_sgmc.data.subsample import full_data
 from numpyro_sgmc.kernels import setup
 from numpyro_sgmc.kernels.draws import DrawLoop, step_size_label
-from numpyro_sgmc.kernels.family import ChainInit, Recipe, Tuned
+from numpyro_sgmc.kernels.family import ChainInit, Recipe, Tuned, needs_support_check
 
 __all__ = ["ChainInit", "SGMCKernel", "Tuned"]
 
@@ -187,8 +187,8 @@ class SGMCKernel(MCMCKernel):
     def postprocess_fn(self, model_args, model_kwargs):
         """Unconstrained draws -> constrained values and deterministic sites (those inside a
         subsample plate, per-datum values of one batch, are left out: use ``Predictive``)."""
-        if self._prepared is None:
-            return identity
+        if self._prepared is None or not needs_support_check(self._prepared):
+            return identity  # identity transforms, no deterministic site: z itself
         spec, exclude = self._prepared.spec, self._prepared.per_datum_sites
         args, kwargs = validation.as_arrays(self._model, model_args, model_kwargs)
         return lambda z: constrain(spec, z, args, kwargs, exclude)

@@ -157,6 +157,8 @@ def _chunk(
         return kernel.step(s, args, kwargs)
 
     def one_value(z, leaves):
+        if not config.check_support:  # identity transforms, no deterministic site: z itself
+            return z  # (no trace of the model to lower and compile)
         args, kwargs = structure.rebuild(leaves)
         return constrain(config.spec, z, args, kwargs, exclude=config.exclude)
 

@@ -208,6 +208,8 @@ def fit(problem: Problem, warm, weights, must_settle: bool = False) -> Fit:
                 num_rows=rows, kind=kind, regularize=regularize, num_probes=probes,
             )  # fmt: skip
             visited += info.num_rows
+            if not must_settle:  # from the start, rows may be saturated (a logit of 10⁴)
+                _refuse_non_smooth(info)
             # a diagonal of correlated parameters from random probes is noisy, and as the
             # Newton direction's preconditioner it stalls the conjugate gradients: exact
             if not _exact_diagonal_wanted(info, probes, d):
@@ -284,6 +286,36 @@ def fit(problem: Problem, warm, weights, must_settle: bool = False) -> Fit:
     )  # fmt: skip
 
 
+def _refuse_non_smooth(info):
+    """Raise a ``ValueError`` where a parameter's per-datum gradients vary over
+    the rows (``I_jj > 0``) but their curvature is nil (the data part of ``J_jj`` under a
+    millionth of ``I_jj``; for a smooth model the two are equal up to its misspecification):
+    a Laplace or asymmetric-Laplace (quantile) likelihood, or an absolute or check loss,
+    whose second derivative is zero at almost every row. The Newton steps, the predicted sds
+    and the step bound are all built on that curvature: a Laplace regression's warm start
+    stopped "2,360 sds from the mode" (in the prior's sds), and with a ridge the kernel
+    diverged at every step. Not asked of the Newton steps from the model's start, where the
+    rows of a smooth model can be saturated (a logistic regression's logits of ±10⁴ on raw
+    covariates have a curvature that underflows to zero): a non-smooth model fails there and
+    is refused at the optimizer's mode."""
+    data_part = np.asarray(info.J.diagonal(), np.float64) - info.regularization
+    spread = np.asarray(info.I.diagonal(), np.float64)
+    flat = np.flatnonzero((spread > 0) & (data_part <= 1e-6 * spread))
+    if flat.size:
+        names = info.layout.names()
+        labels = ", ".join(names[j] for j in flat[:5])
+        more = f" and {flat.size - 5} more" if flat.size > 5 else ""
+        raise ValueError(
+            f"autotune cannot tune this model: along {labels}{more} the log-likelihood's "
+            "per-datum gradients vary over the rows, but its curvature is zero at almost every "
+            "row (a non-smooth likelihood: a Laplace or asymmetric-Laplace (quantile) "
+            "likelihood, an absolute or check loss). The tuner's Newton steps, predicted sds "
+            "and step bound are built on that curvature. Sample the model with NUTS (on all "
+            "the data), or write the likelihood smooth (a Student-t for robustness, a "
+            "smoothed check loss for quantiles)."
+        )
+
+
 _NOT_POSITIVE = "J + J_prior is not positive definite in the direction of {}"
 _NO_RISE = (
     "the log posterior does not rise on one side along {} (the LinearizationWarning above), "
@@ -335,7 +367,9 @@ def _no_mode(where: str) -> str:
         "prior, or run the warm start longer (warm_start_epochs); (4) several modes (a "
         "mixture's exchangeable components): order the components (an ordered_vector of "
         "means) and start at the mode you want (init_strategy=init_to_value(values=...)), "
-        "or sample it with NUTS."
+        "or sample it with NUTS; (5) a neural network, whose interchangeable and unused "
+        "units give many modes and saddles: sample it as a deep ensemble "
+        "(numpyro_sgmc.bde, with step_size='auto') rather than through one Gaussian."
     )
 
 
@@ -572,7 +606,8 @@ def newton_polish(
             break
         # the chord steps contract at a steady rate, measured by the last: a step predicted
         # to land within tol/4 of the mode is taken without a pass to confirm it
-        predicted = distance * distance / previous if math.isfinite(previous) else math.inf
+        contracts = math.isfinite(previous) and previous > 0  # 0: a stationary point
+        predicted = distance * distance / previous if contracts else math.inf
         if exact and distance <= SETTLING_SDS and predicted <= tol / 4:
             settled = True
             break
@@ -605,7 +640,17 @@ def newton_polish(
         elif fraction < 1.0:
             trust = max(trust * fraction, 1.0)
         previous, previous_fresh, fresh = distance, fresh, False
-    if not settled and warn_unsettled:
+    if not settled and warn_unsettled and not exact and distance <= tol:
+        warn(
+            f"The damped Newton steps reached a point where the gradient vanishes (the last "
+            f"step {distance:.3g} sds long, in the metric of J + J_prior lifted by "
+            "Levenberg–Marquardt) but J + J_prior is not positive definite there: a saddle "
+            "or a ridge, not a mode (a neural network's interchangeable or unused units, a "
+            "parameter the data do not identify). The predictions, which linearise the model "
+            "at a mode, do not hold there.",
+            ConvergenceWarning,
+        )
+    elif not settled and warn_unsettled:
         warn(
             f"The warm start stopped {first:.3g} posterior standard deviations from the mode, "
             f"and {steps} damped Newton steps did not reach it (the last still "
