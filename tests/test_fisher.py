@@ -415,6 +415,24 @@ def test_every_part_draws_from_its_own_stream():
 
 
 @pytest.mark.slow  # 10-23 s: the quick suite's 10 minutes
+def noise_over_keys(prepared, args, params, covariance, num_rows, keys=24):
+    """The control-variate noise's diagonal over ``keys`` row and probe draws: ``(draws,
+    spread, ratio)``, the relative spread of each entry, and its median over the stated
+    error."""
+    from numpyro_sgmc.tuner.fisher import control_variate_noise
+
+    draws, stated = [], []
+    for k in range(keys):
+        noise, error = control_variate_noise(
+            prepared, jax.random.key(k), args, {}, params, covariance, num_rows=num_rows
+        )
+        draws.append(np.diag(np.asarray(noise["data"].as_matrix())))
+        stated.append(error["data"])
+    draws = np.asarray(draws)
+    spread = draws.std(axis=0, ddof=1) / draws.mean(axis=0)
+    return draws, spread, np.median(spread / np.mean(stated, axis=0))
+
+
 def test_the_control_variate_noise_states_its_probes_error():
     """Above 64 parameters the control-variate noise comes from random probes of ``N(0, Σ)``;
     the relative error it states for each diagonal entry (from the probes' spread) is the
@@ -427,16 +445,7 @@ def test_the_control_variate_noise_states_its_probes_error():
     prepared = prepare_model(jax.random.key(0), logistic_regression, (X, y), {})
     params = {"theta": jnp.full(100, 0.05)}
     covariance = Dense(np.eye(100) * 1e-3)
-    draws, stated = [], []
-    for k in range(24):
-        noise, error = control_variate_noise(
-            prepared, jax.random.key(k), (X, y), {}, params, covariance, num_rows=2000
-        )
-        draws.append(np.diag(np.asarray(noise["data"].as_matrix())))
-        stated.append(error["data"])
-    draws = np.asarray(draws)
-    spread = draws.std(axis=0, ddof=1) / draws.mean(axis=0)
-    ratio = np.median(spread / np.mean(stated, axis=0))
+    _, spread, ratio = noise_over_keys(prepared, (X, y), params, covariance, 2000)
     assert 0.8 < ratio < 1.25, ratio  # 24 draws: the median's own error is a few percent
     # a real error, far below the bound √(2/K) = 18% (each entry sums over many directions)
     assert 0.005 < np.median(spread) < 0.1
@@ -457,7 +466,6 @@ def test_the_control_variate_noise_probes_on_rows_of_their_own():
     of the estimate over keys."""
     from numpyro_sgmc.data.model import prepare_model
     from numpyro_sgmc.scales import Dense
-    from numpyro_sgmc.tuner.fisher import control_variate_noise
 
     n, d, s2 = 20_000, 100, 1e-4
     X, y = make_logistic(n=n, d=d, seed=3)[:2]
@@ -469,17 +477,8 @@ def test_the_control_variate_noise_probes_on_rows_of_their_own():
     # diag M = s2 [(1/n) Σ_i w_i² |x_i|² x_i² - (H̄²)_jj], H̄ = (1/n) Σ_i w_i x_i x_iᵀ
     mean_h = (Xn * w[:, None]).T @ Xn / n
     exact = s2 * (np.mean((w**2 * np.sum(Xn**2, 1))[:, None] * Xn**2, 0) - np.sum(mean_h**2, 0))
-    draws, stated = [], []
-    for k in range(24):
-        noise, error = control_variate_noise(
-            prepared, jax.random.key(k), (X, y), {}, {"theta": jnp.asarray(theta, jnp.float32)},
-            Dense(np.eye(d) * s2), num_rows=n,
-        )  # fmt: skip
-        draws.append(np.diag(np.asarray(noise["data"].as_matrix())))
-        stated.append(error["data"])
-    draws = np.asarray(draws)
-    spread = draws.std(axis=0, ddof=1) / draws.mean(axis=0)
-    ratio = np.median(spread / np.mean(stated, axis=0))
+    params = {"theta": jnp.asarray(theta, jnp.float32)}
+    draws, _, ratio = noise_over_keys(prepared, (X, y), params, Dense(np.eye(d) * s2), n)
     assert 0.8 < ratio < 1.25, ratio
     # the mean of 24 estimates, each of the 100 entries within 4.5 standard errors of the exact
     z = (draws.mean(0) - exact) / (draws.std(axis=0, ddof=1) / np.sqrt(len(draws)))
@@ -531,22 +530,11 @@ def test_the_control_variate_noise_states_its_rows_error():
     finite-population factor), which is the entry's spread over row samples."""
     from numpyro_sgmc.data.model import prepare_model
     from numpyro_sgmc.scales import Dense
-    from numpyro_sgmc.tuner.fisher import control_variate_noise
 
     d = 10
     X, y = make_logistic(n=20_000, d=d, seed=3)[:2]
     prepared = prepare_model(jax.random.key(0), logistic_regression, (X, y), {})
     params = {"theta": jnp.full(d, 0.05)}
-    draws, stated = [], []
-    for k in range(24):
-        noise, error = control_variate_noise(
-            prepared, jax.random.key(k), (X, y), {}, params, Dense(np.eye(d) * 1e-3),
-            num_rows=2000,
-        )  # fmt: skip
-        draws.append(np.diag(np.asarray(noise["data"].as_matrix())))
-        stated.append(error["data"])
-    draws = np.asarray(draws)
-    spread = draws.std(axis=0, ddof=1) / draws.mean(axis=0)
-    ratio = np.median(spread / np.mean(stated, axis=0))
+    _, spread, ratio = noise_over_keys(prepared, (X, y), params, Dense(np.eye(d) * 1e-3), 2000)
     assert 0.75 < ratio < 1.33, ratio
     assert 0.01 < np.median(spread) < 0.2, spread

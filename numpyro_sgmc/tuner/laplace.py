@@ -300,7 +300,9 @@ def _refuse_non_smooth(info):
     is refused at the optimizer's mode."""
     data_part = np.asarray(info.J.diagonal(), np.float64) - info.regularization
     spread = np.asarray(info.I.diagonal(), np.float64)
-    flat = np.flatnonzero((spread > 0) & (data_part <= 1e-6 * spread))
+    # a diagonal's random probes clip a noisy entry to zero; a nil curvature is nil on each
+    exact = np.zeros(spread.size) if info.probe_error is None else info.probe_error
+    flat = np.flatnonzero((spread > 0) & (data_part <= 1e-6 * spread) & (exact == 0))
     if flat.size:
         names = info.layout.names()
         labels = ", ".join(names[j] for j in flat[:5])
