@@ -341,11 +341,12 @@ def _unchecked(names, report, pred_error, indep_error) -> list:
         )
     elif nonlinear[j] >= 0.5 * pred_error[j]:
         cause = (
-            "the posterior is not Gaussian along the directions the tuner probed, so no "
-            "Laplace picture predicts these sds to 20%; compare the run with NUTS on the same "
-            "data (a subsample's posterior is another, wider one), or reparameterise (a "
-            "non-centred or log scale; for a mixture, ordered components started at the mode "
-            "you want)"
+            "the posterior's distance from a Gaussian along the directions the tuner probed "
+            "(a category with few rows, a skewed scale, a boundary), so that no Laplace "
+            "picture predicts these sds to 20%; compare the run with NUTS on the same data (a "
+            "subsample's posterior is another, wider one), or reparameterise where that is "
+            "the cause (a non-centred or log scale; for a mixture, ordered components started "
+            "at the mode you want)"
         )
     else:
         cause = (
