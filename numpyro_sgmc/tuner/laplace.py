@@ -70,6 +70,7 @@ from numpyro_sgmc.tuner.rows import (
 
 __all__ = [
     "DENSE_MAX_DIM",
+    "ROWS_MISMATCH",
     "START_CURVATURES",
     "UNREACHED_SDS",
     "Correlations",
@@ -77,6 +78,7 @@ __all__ = [
     "Nonlinearity",
     "PolishNotSettled",
     "Problem",
+    "continuation_error",
     "correlations",
     "fit",
     "linearity",
