@@ -62,9 +62,9 @@ few thousand rows miss the rare rows of large curvature that dominate that noise
 
 LINEARITY_ROWS = 4_000
 """Rows of the check that the log posterior is close to its quadratic
-(:func:`~numpyro_sgmc.tuner.laplace.linearity`) to start with: four times more, up to
-:data:`LINEARITY_MAX_ROWS` (every row below), while their curvature along a probed direction is
-not the information's (a thin category's few rows missing from the sample)."""
+(:func:`~numpyro_sgmc.tuner.laplace.linearity`) to start with; :data:`LINEARITY_MAX_ROWS`
+(every row below it) where their curvature along a probed direction is not the information's
+(a thin category's few rows missing from the sample)."""
 
 LINEARITY_MAX_ROWS = 2**15
 """The most rows of the linearity check (its probes hold every row at every point)."""
