@@ -34,6 +34,7 @@ __all__ = [
     "INFORMATION_ROWS",
     "LINEARITY_MAX_ROWS",
     "LINEARITY_ROWS",
+    "LINEARITY_WORK",
     "MAX_PROBES",
     "NEWTON_ROWS",
     "NEWTON_ROWS_PER_PARAMETER",
@@ -68,6 +69,10 @@ LINEARITY_ROWS = 4_000
 
 LINEARITY_MAX_ROWS = 2**15
 """The most rows of the linearity check (its probes hold every row at every point)."""
+
+LINEARITY_WORK = 2**15 * 64
+"""The most row evaluations of a second linearity check (rows times the evaluations per row:
+``(4k + 2)(k + 1)`` for ``k`` probed directions, ``5d`` more per marginal path)."""
 
 CORRELATION_ROWS = 10_000
 """The budget of rows of :func:`~numpyro_sgmc.tuner.laplace.correlations`' solves (or
