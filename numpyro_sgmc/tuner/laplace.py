@@ -56,9 +56,7 @@ from numpyro_sgmc.tuner.rows import (
     CORRELATION_ROWS,
     CORRELATION_ROWS_PER_PARAMETER,
     EXACT_DIAGONAL_PROBES,
-    LINEARITY_MAX_ROWS,
     LINEARITY_ROWS,
-    LINEARITY_WORK,
     MAX_PROBES,
     NEWTON_ROWS,
     NEWTON_ROWS_PER_PARAMETER,
@@ -71,7 +69,6 @@ from numpyro_sgmc.tuner.rows import (
 
 __all__ = [
     "DENSE_MAX_DIM",
-    "ROWS_MISMATCH",
     "START_CURVATURES",
     "UNREACHED_SDS",
     "Correlations",
@@ -79,7 +76,6 @@ __all__ = [
     "Nonlinearity",
     "PolishNotSettled",
     "Problem",
-    "continuation_error",
     "correlations",
     "fit",
     "linearity",
@@ -98,12 +94,6 @@ DENSE_MAX_DIM = 1000
 UNREACHED_SDS = 1.0
 """Posterior sds from the mode beyond which an unsettled polish leaves the predictions
 without an error bar: ``check_run``'s own bound on a run's mean from the tuning's mode."""
-
-ROWS_MISMATCH = 0.4
-"""How far (in log) the linearity check's rows' curvature along a probed direction may be
-from the information's before the check takes more rows (:func:`linearity`): four times the
-sampling noise of a direction 100 of the rows carry (a 40-group hierarchy's intercepts on
-4,000 rows were up to 24% off, a category whose rows the sample missed 41%)."""
 
 VISITED_RISE = 4.5
 """A probe of the linearity profile whose potential has risen by at most this much (in nats:
@@ -274,10 +264,7 @@ def fit(problem: Problem, warm, weights, must_settle: bool = False) -> Fit:
             num_rows=cv_rows, kind=kind,
         )  # fmt: skip
         visited += cv_rows
-        findings = linearity(
-            problem, mode, target, exact=exact, data_free=info.data_free,
-            curvature=info.potential_curvature,
-        )  # fmt: skip
+        findings = linearity(problem, mode, target, exact=exact, data_free=info.data_free)
         flat = [f.label for f in findings if not math.isfinite(f.sd_ratio) and f.parameter is None]
         flat = list(dict.fromkeys(flat))
         # the steps put the mode within a sd, yet the potential does not rise on one side: no
@@ -793,12 +780,6 @@ class Nonlinearity(NamedTuple):
     :param float mean_shift: the profile's mean in steps ``t`` (:func:`profile_moments`):
         the posterior's mean lies near ``θ̂ + E[t]σv`` (for a marginal path, the parameter's
         marginal mean); 0 where the profile is not normalisable.
-    :param float rows_mismatch: the rows' curvature along ``v`` over the information's,
-        where its log is more than :data:`ROWS_MISMATCH` from 0 with the most rows the check
-        takes (1 otherwise): the profile measured on rows that are not the data's there
-        (not counted in :func:`linearity_error`: the predicted sds are the information's).
-    :param float continuation_error: the relative error of the profile's sd from its
-        continuation beyond the probes (:func:`continuation_error`).
     """
 
     direction: np.ndarray
@@ -812,8 +793,6 @@ class Nonlinearity(NamedTuple):
     parameter: Optional[int] = None
     variance_change: Optional[np.ndarray] = None
     mean_shift: float = 0.0
-    rows_mismatch: float = 1.0
-    continuation_error: float = 0.0
 
 
 @one_shot_jit(("spec", "structure", "layout"))
@@ -870,9 +849,7 @@ def _profiles(
     return rises, curvatures[0], curvatures[1:-1], volume, variances[:, 1:] / variances[:, :1]
 
 
-def linearity(
-    problem, mode, target, num_rows=LINEARITY_ROWS, exact=None, data_free=None, curvature=None
-) -> list:
+def linearity(problem, mode, target, num_rows=LINEARITY_ROWS, exact=None, data_free=None) -> list:
     """The log posterior along the target's three widest directions, and the marginal paths
     of up to three parameters with no per-datum gradient, against the quadratic every
     prediction assumes (``docs/theory.md`` §4, "The local picture and its error").
@@ -896,22 +873,8 @@ def linearity(
     :class:`~numpyro_sgmc.diagnostics.LinearizationWarning`; :func:`linearity_error` turns
     them into an error of every predicted sd.
 
-    The rows are a sample: where their curvature along a probed direction is a factor
-    ``exp(ROWS_MISMATCH)`` or more from the information's (``curvature``, ``J + J_prior`` per
-    datum), they miss rows that matter there (a one-hot category of 4 rows in 30,000, all
-    with ``y = 0``: 4,000 rows held none, the profile along its coefficient was the prior's
-    exact quadratic, and the prediction stated ±0.0% on an sd 0.81 of the exact one, the
-    run's 0.77), and the check runs again, once, on
-    :data:`~numpyro_sgmc.tuner.rows.LINEARITY_MAX_ROWS` rows (every row below that), fewer
-    where the marginal paths' Hessians make that work more than
-    :data:`~numpyro_sgmc.tuner.rows.LINEARITY_WORK` (300 group intercepts with their mean and
-    scale: 52 s on 2¹⁵ rows). A mismatch left there is recorded
-    (:attr:`Nonlinearity.rows_mismatch`), not counted in the error.
-
     :param exact: ``(point, ĝ)``, the full-data gradient ``ĝ = -∇U/n`` (flat) at a point
         near the mode (the Newton polish's last), or ``None`` for one more pass at the mode.
-    :param curvature: the information's ``J + J_prior`` per datum (a scale), or ``None``
-        for no comparison.
     :return: a :class:`Nonlinearity` per direction.
     """
     prepared = problem.prepared
@@ -936,44 +899,29 @@ def linearity(
         exact = (np.asarray(zf, np.float64), np.asarray(layout.ravel(g), np.float64))
     anchor = np.asarray(exact[0], np.float64) - np.asarray(zf, np.float64)
     full = -n * np.asarray(exact[1], np.float64)  # ∇U = -n ĝ
-    data, structure = split_args(problem.model_args, problem.model_kwargs)
-    # the information's curvature along each probed direction, in the rows' units (sd² vᵀ∇²U v)
-    expected = None
-    if curvature is not None:
-        along = np.asarray(scales.apply_rows(curvature, basis.T), np.float64)
-        expected = n * np.einsum("ki,ki->k", basis.T, along)
-    # row evaluations per row: value, gradient and k curvatures at 4k + 2 points, and a full
-    # Hessian (d products) at 5 points per marginal path
-    per_row = (4 * k + 2) * (k + 1) + 5 * len(paths) * layout.size
-    most = min(n, max(num_rows, min(LINEARITY_MAX_ROWS, LINEARITY_WORK // per_row)))
-    while True:
-        if num_rows >= n:  # every row, once
-            batch = Batch({p.name: host.device_array(np.arange(p.size), np.int32)
-                           for p in spec.plates})  # fmt: skip
-        else:
-            batch = sample_rows(Stream.LINEARITY_ROWS, problem.rng_key, spec.plates, num_rows)
-        arrays, batch = rows_in_memory(data, spec.plates, batch)
-        # in float64: the rises are a few nats of a potential of order n (at n = 10⁷ a float32
-        # U has an ulp of 0.5 nats, and the profile was noise: "rises by 2.49, 1.25, 0.782,
-        # 2.58")
-        with jax.enable_x64(True):
-            wide = partial(np.asarray, dtype=np.float64)
-            out = _profiles(
-                spec, structure, layout, wide(zf), wide(deltas), wide(basis), batch,
-                wide(anchor), wide(full), np.asarray(paths, np.int32), arrays,
+    arrays, structure = split_args(problem.model_args, problem.model_kwargs)
+    batch = sample_rows(Stream.LINEARITY_ROWS, problem.rng_key, spec.plates, num_rows)
+    arrays, batch = rows_in_memory(arrays, spec.plates, batch)
+    # in float64: the rises are a few nats of a potential of order n (at n = 10⁷ a float32
+    # U has an ulp of 0.5 nats, and the profile was noise: "rises by 2.49, 1.25, 0.782, 2.58")
+    with jax.enable_x64(True):
+        wide = partial(np.asarray, dtype=np.float64)
+        rises, H0, H, volume, spread_along = (
+            np.asarray(x, np.float64)
+            for x in _profiles(
+                spec,
+                structure,
+                layout,
+                wide(zf),
+                wide(deltas),
+                wide(basis),
+                batch,
+                wide(anchor),
+                wide(full),
+                np.asarray(paths, np.int32),
+                arrays,
             )  # fmt: skip
-        rises, H0, H, volume, spread_along = (np.asarray(x, np.float64) for x in out)
-        mismatch = np.ones(k)
-        if expected is not None:
-            measured = np.all(np.isfinite(H0)) and np.all(expected > 0)
-            mismatch = np.diag(H0) / np.where(expected > 0, expected, 1.0) if measured else mismatch
-        off = np.abs(np.log(np.maximum(mismatch, 1e-300))) > ROWS_MISMATCH
-        if num_rows >= most or not off.any():
-            break
-        num_rows = most  # one more program at most: a second call on new data finds it
-    # a mismatch left at the most rows (recorded, not counted: the prediction is the
-    # information's; only the profile's view of the nonlinearity is the rows')
-    mismatch = np.where(off, mismatch, 1.0)
+        )
     # along a marginal path the other parameters' spread changes too: the Laplace term makes
     # the profile the path parameter's marginal (where ∇²U_m is positive definite throughout)
     volume = np.where(np.all(np.isfinite(volume), axis=1, keepdims=True), volume, 0.0)
@@ -1020,12 +968,9 @@ def linearity(
             if change is not None:  # the path's own marginal is the profile's (sd_ratio)
                 change[j] = 1.0
         shift = moments[i][0] if math.isfinite(profile) else 0.0
-        extrapolated = 0.0 if unmeasured[i] else continuation_error(steps, r, kappa[i])
-        found = Nonlinearity(
-            v, labels[i], float(s), steps, r, profile, ratio, growth, j, change, shift,
-            float(mismatch[i]), extrapolated,
-        )  # fmt: skip
-        findings.append(found)
+        findings.append(
+            Nonlinearity(v, labels[i], float(s), steps, r, profile, ratio, growth, j, change, shift)
+        )
     w = max(range(k), key=lambda j: abs(math.log(max(findings[j].sd_ratio, 1e-300))))
     worst = findings[w]
     if not 0.9 <= worst.sd_ratio <= 1.1:
@@ -1211,34 +1156,6 @@ def profile_moments(steps, rises, curvature=1.0, marginal=False) -> tuple:
 _REACH = 1.5
 
 
-# rises this far (relative) from a Gaussian's at a probe: the profile's tails beyond the probes
-# are an extrapolation worth an error
-_SKEWED = 0.25
-
-
-def continuation_error(steps, rises, curvature=1.0) -> float:
-    """The relative error of :func:`profile_moments`' sd from its extrapolation beyond the
-    probes, where the rises are more than ``_SKEWED`` from a Gaussian's at a probe: its
-    difference from the sd of the side-by-side curves (``_one_sided_profile``), the other
-    way to continue them. A one-hot category of 4 rows in 20,000, all with ``y = 0``
-    (rises 0.99, 0.32, 0.96, 6.2 at ±1, ±2 sds): the quartic's sd is 1.004 of the
-    quadratic's, the side-by-side curves' 1.13, the exact 1.20. 0 for a near-Gaussian
-    profile or one that is not normalisable."""
-    steps, rises = np.asarray(steps, np.float64), np.asarray(rises, np.float64)
-    if np.max(np.abs(rises / (0.5 * steps**2) - 1.0)) <= _SKEWED:
-        return 0.0
-    _, sd = profile_moments(steps, rises, curvature)
-    grid = np.linspace(-12.0, 12.0, 4801)
-    values = _one_sided_profile(steps, rises, grid)
-    if values is None or not math.isfinite(sd) or sd <= 0:
-        return 0.0
-    values = curvature * values
-    w = np.exp(-(values - values.min()))
-    w = w / w.sum()
-    other = float(np.sqrt(w @ (grid - w @ grid) ** 2))
-    return abs(other / sd - 1.0)
-
-
 # a rise one sd from the mode four times the quadratic's (2 nats): a wall on that side, as a
 # prior-held coefficient of a class never seen with a covariate has (the probes' quartic
 # through it swings far below zero between them)
@@ -1286,17 +1203,13 @@ def linearity_error(findings, target) -> np.ndarray:
     variances = np.asarray(target.diagonal(), np.float64)
     error = np.zeros_like(variances)
     for f in findings:
-        # the profile's tails beyond the probes (twice the sd's error on the variance)
-        unseen = 2.0 * f.continuation_error
         if f.parameter is None:
-            change = (abs(min(f.sd_ratio, 1e3) ** 2 - 1) + unseen) * f.sd**2 * f.direction**2
+            change = abs(min(f.sd_ratio, 1e3) ** 2 - 1) * f.sd**2 * f.direction**2
             error = error + change / np.maximum(variances, 1e-300)
             continue
         column = _column(target, f.parameter)
         change = (
-            (abs(min(f.sd_ratio, 1e3) ** 2 - 1) + unseen)
-            * column**2
-            / max(variances[f.parameter], 1e-300)
+            abs(min(f.sd_ratio, 1e3) ** 2 - 1) * column**2 / max(variances[f.parameter], 1e-300)
         )
         if f.variance_change is not None:
             change = change + np.abs(f.variance_change - 1.0) * variances

@@ -32,9 +32,7 @@ __all__ = [
     "CORRELATION_ROWS_PER_PARAMETER",
     "EXACT_DIAGONAL_PROBES",
     "INFORMATION_ROWS",
-    "LINEARITY_MAX_ROWS",
     "LINEARITY_ROWS",
-    "LINEARITY_WORK",
     "MAX_PROBES",
     "NEWTON_ROWS",
     "NEWTON_ROWS_PER_PARAMETER",
@@ -63,16 +61,7 @@ few thousand rows miss the rare rows of large curvature that dominate that noise
 
 LINEARITY_ROWS = 4_000
 """Rows of the check that the log posterior is close to its quadratic
-(:func:`~numpyro_sgmc.tuner.laplace.linearity`) to start with; :data:`LINEARITY_MAX_ROWS`
-(every row below it) where their curvature along a probed direction is not the information's
-(a thin category's few rows missing from the sample)."""
-
-LINEARITY_MAX_ROWS = 2**15
-"""The most rows of the linearity check (its probes hold every row at every point)."""
-
-LINEARITY_WORK = 2**15 * 64
-"""The most row evaluations of a second linearity check (rows times the evaluations per row:
-``(4k + 2)(k + 1)`` for ``k`` probed directions, ``5d`` more per marginal path)."""
+(:func:`~numpyro_sgmc.tuner.laplace.linearity`)."""
 
 CORRELATION_ROWS = 10_000
 """The budget of rows of :func:`~numpyro_sgmc.tuner.laplace.correlations`' solves (or
