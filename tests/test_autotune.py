@@ -30,6 +30,7 @@ from numpyro_sgmc.scales import Diagonal
 from numpyro_sgmc.tuner.check import unconstrained_draws
 from numpyro_sgmc.tuner.laplace import Problem, _newton_direction
 from problems import (
+    PRIOR_SCALE,
     linear_regression,
     logistic_laplace64,
     logistic_regression,
@@ -478,6 +479,38 @@ def test_the_linearity_profile_from_a_gradient_beside_the_mode_is_the_one_at_it(
     # the rows' error in the gradient's change over 0.05 sds: 0.014 nats here
     assert np.abs(rises((beside, gradient(beside))) - at_mode).max() < 0.03
     assert np.abs(rises((beside, gradient(mode))) - at_mode).max() > 0.1  # 0.30 here
+
+
+@pytest.mark.parametrize("rows, ones", [(4, 0), (6, 1)])
+def test_a_category_of_a_few_rows_states_its_coefficients_skew(rows, ones):
+    """A one-hot level of 4 rows, all ``y = 0`` (or of 6 rows, one ``y = 1``), under the
+    ``N(0, 10²)`` prior: its coefficient's posterior is skewed, its sd 1.2-1.4x the Laplace
+    one. The profile used 4,000 sampled rows of 20,000, which held none of the level's, and
+    stated the prediction to ±0.0%; with every row (as the information used) and the error of
+    the profile's continuation beyond its probes, the stated error covers the exact sd (by
+    quadrature, the other coefficients at the mode: they are known to 1% and the level's rows
+    hardly move them)."""
+    from scipy.special import log_expit
+
+    rng = np.random.default_rng(3)
+    n, etas = 20_000, np.array([-4.0, -0.5, 0.0, 0.5, -1.0, 1.0])
+    level = np.concatenate([np.zeros(rows, int), rng.integers(1, len(etas), n - rows)])
+    x = rng.standard_normal(n)
+    y = rng.random(n) < 1.0 / (1.0 + np.exp(-(etas[level] + 0.8 * x)))
+    y[:rows] = np.arange(rows) < ones
+    X = np.column_stack([np.eye(len(etas))[level], x]).astype(np.float32)
+    with pytest.warns(LinearizationWarning, match=r"direction of theta\[0\]"):
+        _, report = autotune(logistic_regression, jax.random.key(0), X, y.astype(np.float32))
+    slope = float(np.asarray(report.mode["theta"])[-1])
+    grid = np.linspace(-80.0, 20.0, 200_001)
+    logits = grid[:, None] + slope * x[:rows]
+    log_p = -0.5 * (grid / PRIOR_SCALE) ** 2 + log_expit(np.where(y[:rows], logits, -logits)).sum(1)
+    w = np.exp(log_p - log_p.max())
+    w /= w.sum()
+    exact = np.sqrt(w @ (grid - w @ grid) ** 2)
+    predicted, error = report.predicted_sd[0], report.prediction_error[0]
+    assert abs(predicted / exact - 1.0) > 0.1  # a skew the Laplace picture misses
+    assert abs(predicted / exact - 1.0) <= 2.0 * error, (predicted, exact, error)
 
 
 def test_a_profile_where_the_rows_curve_downwards_is_said_not_printed_as_rises():

@@ -167,7 +167,7 @@ def test_a_hierarchy_of_200_groups_starts_at_its_mode():
 @pytest.mark.slow  # about 20 s each
 @pytest.mark.parametrize(
     "rows_per_group, where",
-    [(200, "not positive definite in the direction of"), (50, "does not rise on one side along")],
+    [(200, "not positive definite in the direction of"), (50, "narrower than its quadratic there")],
 )
 def test_a_non_centred_hierarchy_of_well_observed_groups_is_refused_naming_the_fix(
     rows_per_group, where
@@ -176,9 +176,11 @@ def test_a_non_centred_hierarchy_of_well_observed_groups_is_refused_naming_the_f
     (``alpha = mu + tau * z``): the posterior is a ridge curving along ``tau`` (each group's
     ``z`` is pinned to ``alpha_j / tau``), whose joint mode is held far out by the
     prior on ``tau``. The polish does not settle. With 200 rows a group, where it stops ``J``
-    is not positive definite; with 50, ``J`` is, but the profile along ``tau`` does not rise
-    on one side (the kernel tuned there diverged at its second step). The error says so and
-    names the centred form (it used to name more rows or a ridge, which cannot help)."""
+    is not positive definite; with 50, ``J`` is, but along ``mu`` the log posterior is 4.6x
+    narrower than its quadratic there, every row's profile says (4,000 sampled rows said it
+    did not rise on one side; a kernel tuned there diverged, its sd of mu 14,800 against
+    NUTS's 0.055). The error says so and names the centred form (it used to name more rows or
+    a ridge, which cannot help)."""
     noncentred = reparam(hierarchical_logistic, config={"alpha": LocScaleReparam(centered=0)})
     args, kwargs = make_hierarchical(0, n=200 * rows_per_group, num_groups=200)
     with warnings.catch_warnings(), pytest.raises(ValueError) as error:

@@ -57,6 +57,7 @@ from numpyro_sgmc.tuner.rows import (
     CORRELATION_ROWS_PER_PARAMETER,
     EXACT_DIAGONAL_PROBES,
     LINEARITY_ROWS,
+    LINEARITY_WORK,
     MAX_PROBES,
     NEWTON_ROWS,
     NEWTON_ROWS_PER_PARAMETER,
@@ -70,12 +71,14 @@ from numpyro_sgmc.tuner.rows import (
 __all__ = [
     "DENSE_MAX_DIM",
     "START_CURVATURES",
+    "STEEP_RATIO",
     "UNREACHED_SDS",
     "Correlations",
     "Fit",
     "Nonlinearity",
     "PolishNotSettled",
     "Problem",
+    "continuation_error",
     "correlations",
     "fit",
     "linearity",
@@ -94,6 +97,12 @@ DENSE_MAX_DIM = 1000
 UNREACHED_SDS = 1.0
 """Posterior sds from the mode beyond which an unsettled polish leaves the predictions
 without an error bar: ``check_run``'s own bound on a run's mean from the tuning's mode."""
+
+STEEP_RATIO = 0.5
+"""Where the Newton steps did not settle, a widest direction whose sd is under this share of
+the quadratic's at the point they stopped is taken for no mode: a non-centred hierarchy of
+200 groups of 50 rows stopped on its ridge with mu's sd 0.22x the quadratic's, and the kernel
+tuned there diverged."""
 
 VISITED_RISE = 4.5
 """A probe of the linearity profile whose potential has risen by at most this much (in nats:
@@ -264,14 +273,22 @@ def fit(problem: Problem, warm, weights, must_settle: bool = False) -> Fit:
             num_rows=cv_rows, kind=kind,
         )  # fmt: skip
         visited += cv_rows
-        findings = linearity(problem, mode, target, exact=exact, data_free=info.data_free)
+        findings = linearity(
+            problem, mode, target, exact=exact, data_free=info.data_free,
+            every_row=info.num_rows >= n,
+        )  # fmt: skip
         flat = [f.label for f in findings if not math.isfinite(f.sd_ratio) and f.parameter is None]
         flat = list(dict.fromkeys(flat))
-        # the steps put the mode within a sd, yet the potential does not rise on one side: no
-        # near-Gaussian mode, no kernel. Farther out, the descent towards the mode explains the
-        # profile (a rise of ½t² - tm at distance m), and the prediction goes without an error bar
-        if flat and not settled and unreached <= UNREACHED_SDS:
-            raise ValueError(_no_mode(_NO_RISE.format(", ".join(flat))))
+        steep = [f for f in findings if f.parameter is None and f.sd_ratio < STEEP_RATIO]
+        # the steps put the mode within a sd, yet the potential does not rise on one side, or
+        # rises as no quadratic there does: no near-Gaussian mode, no kernel. Farther out, the
+        # descent towards the mode explains the profile (a rise of ½t² - tm at distance m),
+        # and the prediction goes without an error bar
+        if (flat or steep) and not settled and unreached <= UNREACHED_SDS:
+            if flat:
+                raise ValueError(_no_mode(_NO_RISE.format(", ".join(flat))))
+            f = min(steep, key=lambda f: f.sd_ratio)
+            raise ValueError(_no_mode(_STEEP.format(f.label, 1.0 / f.sd_ratio)))
         error = np.sqrt(error**2 + linearity_error(findings, target) ** 2)
         if unreached > UNREACHED_SDS:  # a picture linearised away from the mode: no error bar
             error = np.full(d, np.inf)
@@ -322,6 +339,11 @@ _NOT_POSITIVE = "J + J_prior is not positive definite in the direction of {}"
 _NO_RISE = (
     "the log posterior does not rise on one side along {} (the LinearizationWarning above), "
     "so the step and batch tuned there would be for a curvature the posterior does not have"
+)
+_STEEP = (
+    "the log posterior along {} is {:.2g}x narrower than its quadratic there (the "
+    "LinearizationWarning above), so the step and batch tuned there would be for a curvature "
+    "the posterior does not have"
 )
 
 
@@ -780,6 +802,9 @@ class Nonlinearity(NamedTuple):
     :param float mean_shift: the profile's mean in steps ``t`` (:func:`profile_moments`):
         the posterior's mean lies near ``θ̂ + E[t]σv`` (for a marginal path, the parameter's
         marginal mean); 0 where the profile is not normalisable.
+    :param float continuation_error: for a widest direction whose probes are far from a
+        Gaussian's, the relative error of the profile's sd from its unknown shape beyond the
+        probes (:func:`continuation_error`); 0 otherwise.
     """
 
     direction: np.ndarray
@@ -793,6 +818,7 @@ class Nonlinearity(NamedTuple):
     parameter: Optional[int] = None
     variance_change: Optional[np.ndarray] = None
     mean_shift: float = 0.0
+    continuation_error: float = 0.0
 
 
 @one_shot_jit(("spec", "structure", "layout"))
@@ -849,7 +875,9 @@ def _profiles(
     return rises, curvatures[0], curvatures[1:-1], volume, variances[:, 1:] / variances[:, :1]
 
 
-def linearity(problem, mode, target, num_rows=LINEARITY_ROWS, exact=None, data_free=None) -> list:
+def linearity(
+    problem, mode, target, num_rows=LINEARITY_ROWS, exact=None, data_free=None, every_row=False
+) -> list:
     """The log posterior along the target's three widest directions, and the marginal paths
     of up to three parameters with no per-datum gradient, against the quadratic every
     prediction assumes (``docs/theory.md`` §4, "The local picture and its error").
@@ -875,6 +903,11 @@ def linearity(problem, mode, target, num_rows=LINEARITY_ROWS, exact=None, data_f
 
     :param exact: ``(point, ĝ)``, the full-data gradient ``ĝ = -∇U/n`` (flat) at a point
         near the mode (the Newton polish's last), or ``None`` for one more pass at the mode.
+    :param every_row: the information used every row: so does the profile where that costs
+        at most :data:`~numpyro_sgmc.tuner.rows.LINEARITY_WORK` row evaluations (or no more
+        than ``num_rows`` sampled rows), and it sees every rare row the prediction rests on
+        (a category of a few rows, absent from a sample, left its coefficient's profile the
+        prior's quadratic).
     :return: a :class:`Nonlinearity` per direction.
     """
     prepared = problem.prepared
@@ -900,7 +933,13 @@ def linearity(problem, mode, target, num_rows=LINEARITY_ROWS, exact=None, data_f
     anchor = np.asarray(exact[0], np.float64) - np.asarray(zf, np.float64)
     full = -n * np.asarray(exact[1], np.float64)  # ∇U = -n ĝ
     arrays, structure = split_args(problem.model_args, problem.model_kwargs)
-    batch = sample_rows(Stream.LINEARITY_ROWS, problem.rng_key, spec.plates, num_rows)
+    # per row: a value, gradient and k Hessian-vector products at 4k + 2 points, and a path's
+    # full Hessian (d products) at each of its 5 points
+    per_row = (4 * k + 2) * (k + 1) + 5 * len(paths) * layout.size
+    if every_row and (n <= num_rows or n * per_row <= LINEARITY_WORK):
+        batch = Batch({p.name: host.device_array(np.arange(p.size), np.int32) for p in spec.plates})
+    else:
+        batch = sample_rows(Stream.LINEARITY_ROWS, problem.rng_key, spec.plates, num_rows)
     arrays, batch = rows_in_memory(arrays, spec.plates, batch)
     # in float64: the rises are a few nats of a potential of order n (at n = 10⁷ a float32
     # U has an ulp of 0.5 nats, and the profile was noise: "rises by 2.49, 1.25, 0.782, 2.58")
@@ -968,23 +1007,32 @@ def linearity(problem, mode, target, num_rows=LINEARITY_ROWS, exact=None, data_f
             if change is not None:  # the path's own marginal is the profile's (sd_ratio)
                 change[j] = 1.0
         shift = moments[i][0] if math.isfinite(profile) else 0.0
+        beyond = 0.0 if j is not None or unmeasured[i] else continuation_error(steps, r)
         findings.append(
-            Nonlinearity(v, labels[i], float(s), steps, r, profile, ratio, growth, j, change, shift)
+            Nonlinearity(
+                v, labels[i], float(s), steps, r, profile, ratio, growth, j, change, shift, beyond
+            )
         )
-    w = max(range(k), key=lambda j: abs(math.log(max(findings[j].sd_ratio, 1e-300))))
+
+    def off(f):  # how far the sd along it may be from the quadratic's, in log
+        return max(abs(math.log(max(f.sd_ratio, 1e-300))), math.log1p(f.continuation_error))
+
+    w = max(range(k), key=lambda j: off(findings[j]))
     worst = findings[w]
-    if not 0.9 <= worst.sd_ratio <= 1.1:
+    if off(worst) > math.log(1.1):
         profile = ", ".join(f"{r:.3g}" for r in worst.rises)
         unbounded = not math.isfinite(worst.sd_ratio)
         shape = (
             f"at -2, -1, +1, +2 sds from the mode it rises by {profile} where a Gaussian "
             "rises by 2, 0.5, 0.5, 2. "
             if not unmeasured[w]
-            else f"the curvature of {min(num_rows, n)} rows' potential along it is not "
+            else f"the curvature of {_row_count(batch)} rows' potential along it is not "
             f"positive, or the potential is not finite 1 and 2 target sds ({worst.sd:.3g} in "
             "unconstrained units) from the mode. "
         )
-        if not unbounded and 0.9 <= worst.profile_ratio <= 1.1 and across[w] is not None:
+        gaussian = 0.9 <= worst.profile_ratio <= 1.1 and worst.continuation_error <= 0.05
+        funnel = gaussian and not unbounded and not 0.9 <= worst.sd_ratio <= 1.1
+        if funnel and across[w] is not None:
             # a Gaussian profile: the ratio is the curvature changing across it (a funnel)
             shape += (
                 "That profile is nearly a Gaussian's (its sd "
@@ -1027,9 +1075,17 @@ def linearity(problem, mode, target, num_rows=LINEARITY_ROWS, exact=None, data_f
                 "predictions do not hold."
                 if unbounded
                 else f"The posterior's sd along it is about {worst.sd_ratio:.2f}x the "
-                "quadratic's: the predictions, which linearise the model at the mode, are "
+                "quadratic's"
+                + (
+                    f", give or take {100 * worst.continuation_error:.0f}% for its shape beyond "
+                    "the farthest probes"
+                    if worst.continuation_error > 0.05
+                    else ""
+                )
+                + ": the predictions, which linearise the model at the mode, are "
                 "approximate there, and their stated error (report.prediction_error) counts "
-                "this. A skewed hierarchical scale, a constraint boundary, a heavy tail or a "
+                "this. A skewed hierarchical scale, a category of few rows, a constraint "
+                "boundary, a heavy tail or a "
                 "posterior with several modes (a mixture's components; the tuner sees the one "
                 "its start led to) do this."
             ),
@@ -1039,6 +1095,10 @@ def linearity(problem, mode, target, num_rows=LINEARITY_ROWS, exact=None, data_f
 
 
 PARALLEL = 0.95  # a marginal path this close to a probed direction (|cos|) adds nothing
+
+
+def _row_count(batch) -> int:
+    return sum(int(np.size(i)) for i in batch.indices.values())
 
 
 def _unit(v):
@@ -1140,15 +1200,48 @@ def profile_moments(steps, rises, curvature=1.0, marginal=False) -> tuple:
             if slope <= 0 and curve == 0:
                 return 0.0, math.inf
             values[side] = p(edge) + slope * x + 0.5 * curve * x**2
-    values = curvature * values
-    if np.min(values) < -20:  # a profile that falls far below the mode: no mode here
+    mean, sd = _moments(grid, curvature * values)
+    if marginal and abs(mean) > _REACH:
+        return 0.0, math.inf
+    return mean, sd
+
+
+def _moments(grid, values) -> tuple:
+    """``(mean, sd)`` of ``exp(-values)`` on ``grid``; ``(0, inf)`` where it falls far below
+    the mode (no mode here)."""
+    if np.min(values) < -20:
         return 0.0, math.inf
     w = np.exp(-(values - values.min()))
     w = w / w.sum()
     mean = float(w @ grid)
-    if marginal and abs(mean) > _REACH:
-        return 0.0, math.inf
     return mean, float(np.sqrt(w @ (grid - mean) ** 2))
+
+
+def continuation_error(steps, rises) -> float:
+    """The relative error of a profile's sd (:func:`profile_moments`) from its shape beyond
+    the probes at ``±2``: ``|sd' / sd - 1|`` with ``sd'`` the sd of the side-by-side
+    quadratics through the probes (:func:`_one_sided_profile`), 1 where those do not rise; 0
+    where every rise is within :data:`_FAR` of a Gaussian's (``rises`` in units of ``½t²``).
+
+    The quartic through four probes within two sds has one continuation, and a skew whose mass
+    lies farther out is not in it: the coefficient of a one-hot level of 4 rows, all ``y =
+    0``, had a profile sd of 1.004x the quadratic's from the quartic, 1.13x from the
+    side-by-side quadratics, and 1.20x exactly (by quadrature)."""
+    steps, rises = np.asarray(steps, np.float64), np.asarray(rises, np.float64)
+    if np.max(np.abs(rises / (0.5 * steps**2) - 1.0)) <= _FAR:
+        return 0.0
+    _, sd = profile_moments(steps, rises)
+    grid = np.linspace(-12.0, 12.0, 4801)
+    values = _one_sided_profile(steps, rises, grid)
+    if values is None or not math.isfinite(sd):
+        return 1.0
+    _, other = _moments(grid, values)
+    return min(abs(other / sd - 1.0), 1.0) if math.isfinite(other) else 1.0
+
+
+# a rise this far (relative) from a Gaussian's at a probe: the profile's shape beyond the
+# probes is in question
+_FAR = 0.25
 
 
 # a marginal's mean further out than this many steps (of the probes' ±1, ±2) rests on the
@@ -1199,12 +1292,14 @@ def linearity_error(findings, target) -> np.ndarray:
     direction's change counts twice its effect on the sd: those probes see the curvature's
     change along a few directions to second order, and the error they miss is of the same
     size; a marginal path's counts once, its Hessians covering every parameter (capped at
-    1, i.e. 100%)."""
+    1, i.e. 100%). A widest direction's variance change also counts ``2e`` for its profile's
+    :attr:`Nonlinearity.continuation_error` ``e``."""
     variances = np.asarray(target.diagonal(), np.float64)
     error = np.zeros_like(variances)
     for f in findings:
         if f.parameter is None:
-            change = abs(min(f.sd_ratio, 1e3) ** 2 - 1) * f.sd**2 * f.direction**2
+            ratio = abs(min(f.sd_ratio, 1e3) ** 2 - 1) + 2.0 * f.continuation_error
+            change = ratio * f.sd**2 * f.direction**2
             error = error + change / np.maximum(variances, 1e-300)
             continue
         column = _column(target, f.parameter)

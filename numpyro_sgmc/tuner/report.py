@@ -222,11 +222,16 @@ def describe(report: TuningReport) -> str:
                 "point the tuner linearised at, or was not measured there (the "
                 "LinearizationWarning); the predictions do not hold along it"
             )
-        elif not 0.95 <= f.sd_ratio <= 1.05:
+        elif not 0.95 <= f.sd_ratio <= 1.05 or f.continuation_error > 0.05:
+            beyond = (
+                f", give or take {100 * f.continuation_error:.0f}% for its shape beyond the probes"
+                if f.continuation_error > 0.05
+                else ""
+            )
             lines.append(
                 f"  far from Gaussian along {'the marginal of ' * (f.parameter is not None)}"
                 f"{f.label}: the posterior's sd along it is about "
-                f"{f.sd_ratio:.3g}x the quadratic's (counted in the error)"
+                f"{f.sd_ratio:.3g}x the quadratic's{beyond} (counted in the error)"
             )
         if math.isfinite(f.sd_ratio) and f.parameter is not None:
             j = f.parameter
