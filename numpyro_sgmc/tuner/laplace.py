@@ -1220,8 +1220,8 @@ def _moments(grid, values) -> tuple:
 def continuation_error(steps, rises) -> float:
     """The relative error of a profile's sd (:func:`profile_moments`) from its shape beyond
     the probes at ``±2``: ``|sd' / sd - 1|`` with ``sd'`` the sd of the side-by-side
-    quadratics through the probes (:func:`_one_sided_profile`), 1 where those do not rise; 0
-    where every rise is within :data:`_FAR` of a Gaussian's (``rises`` in units of ``½t²``).
+    quadratics through the probes (``_one_sided_profile``), 1 where those do not rise; 0
+    where every rise is within 25% of a Gaussian's (``rises`` in units of ``½t²``).
 
     The quartic through four probes within two sds has one continuation, and a skew whose mass
     lies farther out is not in it: the coefficient of a one-hot level of 4 rows, all ``y =
