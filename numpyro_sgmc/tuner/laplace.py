@@ -38,6 +38,7 @@ from numpyro_sgmc.data.files import rows_in_memory
 from numpyro_sgmc.data.model import SubsampledModel, potential, split_args
 from numpyro_sgmc.data.passes import exact_gradient
 from numpyro_sgmc.data.subsample import Batch
+from numpyro_sgmc.data.validation import file_backed
 from numpyro_sgmc.diagnostics import ConvergenceWarning, LinearizationWarning, warn
 from numpyro_sgmc.kernels.curvature import random_rows
 from numpyro_sgmc.scales import Diagonal, positive_definite
@@ -56,6 +57,7 @@ from numpyro_sgmc.tuner.rows import (
     CORRELATION_ROWS,
     CORRELATION_ROWS_PER_PARAMETER,
     EXACT_DIAGONAL_PROBES,
+    HEAVY_ROW_SHARE,
     LINEARITY_ROWS,
     LINEARITY_WORK,
     MAX_PROBES,
@@ -67,6 +69,7 @@ from numpyro_sgmc.tuner.rows import (
     chosen_indices,
     sample_rows,
 )
+from numpyro_sgmc.tuner.rowsums import datum_curvatures
 
 __all__ = [
     "DENSE_MAX_DIM",
@@ -274,9 +277,8 @@ def fit(problem: Problem, warm, weights, must_settle: bool = False) -> Fit:
         )  # fmt: skip
         visited += cv_rows
         findings = linearity(
-            problem, mode, target, exact=exact, data_free=info.data_free,
-            every_row=info.num_rows >= n,
-        )  # fmt: skip
+            problem, mode, target, exact=exact, data_free=info.data_free, information=info
+        )
         flat = [f.label for f in findings if not math.isfinite(f.sd_ratio) and f.parameter is None]
         flat = list(dict.fromkeys(flat))
         steep = [f for f in findings if f.parameter is None and f.sd_ratio < STEEP_RATIO]
@@ -876,7 +878,7 @@ def _profiles(
 
 
 def linearity(
-    problem, mode, target, num_rows=LINEARITY_ROWS, exact=None, data_free=None, every_row=False
+    problem, mode, target, num_rows=LINEARITY_ROWS, exact=None, data_free=None, information=None
 ) -> list:
     """The log posterior along the target's three widest directions, and the marginal paths
     of up to three parameters with no per-datum gradient, against the quadratic every
@@ -903,11 +905,13 @@ def linearity(
 
     :param exact: ``(point, ĝ)``, the full-data gradient ``ĝ = -∇U/n`` (flat) at a point
         near the mode (the Newton polish's last), or ``None`` for one more pass at the mode.
-    :param every_row: the information used every row: so does the profile where that costs
-        at most :data:`~numpyro_sgmc.tuner.rows.LINEARITY_WORK` row evaluations (or no more
-        than ``num_rows`` sampled rows), and it sees every rare row the prediction rests on
-        (a category of a few rows, absent from a sample, left its coefficient's profile the
-        prior's quadratic).
+    :param information: the :class:`~numpyro_sgmc.tuner.fisher.Information` behind
+        ``target``. Where it used every row, so does the profile if that costs at most
+        :data:`~numpyro_sgmc.tuner.rows.LINEARITY_WORK` row evaluations (or no more than
+        ``num_rows`` sampled rows): a category of a few rows, absent from a sample, left its
+        coefficient's profile the prior's quadratic. Above that, where the sample's data
+        curvature along a probed direction is off the information's, the rows that carry a
+        share of it join the sample and the profile is measured again.
     :return: a :class:`Nonlinearity` per direction.
     """
     prepared = problem.prepared
@@ -933,6 +937,7 @@ def linearity(
     anchor = np.asarray(exact[0], np.float64) - np.asarray(zf, np.float64)
     full = -n * np.asarray(exact[1], np.float64)  # ∇U = -n ĝ
     arrays, structure = split_args(problem.model_args, problem.model_kwargs)
+    every_row = information is not None and information.num_rows >= n
     # per row: a value, gradient and k Hessian-vector products at 4k + 2 points, and a path's
     # full Hessian (d products) at each of its 5 points
     per_row = (4 * k + 2) * (k + 1) + 5 * len(paths) * layout.size
@@ -940,27 +945,38 @@ def linearity(
         batch = Batch({p.name: host.device_array(np.arange(p.size), np.int32) for p in spec.plates})
     else:
         batch = sample_rows(Stream.LINEARITY_ROWS, problem.rng_key, spec.plates, num_rows)
-    arrays, batch = rows_in_memory(arrays, spec.plates, batch)
-    # in float64: the rises are a few nats of a potential of order n (at n = 10⁷ a float32
-    # U has an ulp of 0.5 nats, and the profile was noise: "rises by 2.49, 1.25, 0.782, 2.58")
-    with jax.enable_x64(True):
-        wide = partial(np.asarray, dtype=np.float64)
-        rises, H0, H, volume, spread_along = (
-            np.asarray(x, np.float64)
-            for x in _profiles(
-                spec,
-                structure,
-                layout,
-                wide(zf),
-                wide(deltas),
-                wide(basis),
-                batch,
-                wide(anchor),
-                wide(full),
-                np.asarray(paths, np.int32),
-                arrays,
-            )  # fmt: skip
-        )
+
+    def measured(batch):
+        local, batch = rows_in_memory(arrays, spec.plates, batch)
+        # in float64: the rises are a few nats of a potential of order n (at n = 10⁷ a float32
+        # U has an ulp of 0.5 nats, and the profile was noise: "rises by 2.49, 1.25, 0.782,
+        # 2.58")
+        with jax.enable_x64(True):
+            wide = partial(np.asarray, dtype=np.float64)
+            return tuple(
+                np.asarray(x, np.float64)
+                for x in _profiles(
+                    spec,
+                    structure,
+                    layout,
+                    wide(zf),
+                    wide(deltas),
+                    wide(basis),
+                    batch,
+                    wide(anchor),
+                    wide(full),
+                    np.asarray(paths, np.int32),
+                    local,
+                )  # fmt: skip
+            )
+
+    rises, H0, H, volume, spread_along = measured(batch)
+    sampled = every_row and _row_count(batch) < n and not any(file_backed(x) for x in arrays)
+    if sampled and _rows_missed(information, basis, np.diag(H0)):
+        heavier = _with_heavy_rows(spec, structure, layout, zf, basis, batch, arrays)
+        if heavier is not batch:
+            batch = heavier
+            rises, H0, H, volume, spread_along = measured(batch)
     # along a marginal path the other parameters' spread changes too: the Laplace term makes
     # the profile the path parameter's marginal (where ∇²U_m is positive definite throughout)
     volume = np.where(np.all(np.isfinite(volume), axis=1, keepdims=True), volume, 0.0)
@@ -1095,6 +1111,67 @@ def linearity(
 
 
 PARALLEL = 0.95  # a marginal path this close to a probed direction (|cos|) adds nothing
+
+
+def _rows_missed(information, basis, curvature) -> bool:
+    """Whether the sample's data curvature along a column ``w`` of ``basis``, ``curvature``
+    (``wᵀ∇²U_m w``, prior included) less ``n wᵀJ_prior w``, is more than ``e^0.4`` times off the
+    information's ``n wᵀJw`` (four times the sampling noise of a direction that 100 rows
+    carry; 24% was seen on 40 group intercepts of 1,250 rows each from 4,000 rows)."""
+    n = information.num_data
+    along = lambda S: n * np.sum(basis * scales.apply_rows(S, basis.T).T, axis=0)  # noqa: E731
+    expected, prior = along(information.J), along(information.J_prior)
+    data = curvature - prior
+    ratio = np.maximum(data, 1e-300) / np.maximum(expected, 1e-300)
+    return bool(np.any((expected > 0) & (np.abs(np.log(ratio)) > 0.4)))
+
+
+def _with_heavy_rows(spec, structure, layout, zf, basis, batch, arrays) -> Batch:
+    """``batch`` (uniform rows with replacement, each standing for ``n_p/m_p`` rows) with every
+    row that carries at least :data:`~numpyro_sgmc.tuner.rows.HEAVY_ROW_SHARE` of the data's
+    curvature along a column of ``basis`` added at weight 1, and its draws in the sample
+    weighted 0: the rises stay unbiased, and a category of a few rows is in them whatever the
+    sample. One pass of ``k`` Hessian-vector products per row (:func:`datum_curvatures`); the
+    added rows are padded to a power of two (weight 0), so a few counts share a program."""
+    wide = np.asarray(basis, np.float32)
+    curvatures = {
+        p.name: np.maximum(
+            np.asarray(
+                datum_curvatures(
+                    spec,
+                    structure,
+                    layout,
+                    p.name,
+                    zf,
+                    wide,
+                    host.device_array(np.arange(p.size), np.int32),
+                    arrays,
+                ),  # fmt: skip
+                np.float64,
+            ),
+            0.0,
+        )
+        for p in spec.plates
+    }
+    total = np.maximum(sum(c.sum(axis=0) for c in curvatures.values()), 1e-300)
+    heavy = {
+        name: np.flatnonzero(np.max(c / total, axis=1) >= HEAVY_ROW_SHARE)
+        for name, c in curvatures.items()
+    }
+    if not any(rows.size for rows in heavy.values()):
+        return batch
+    indices, weights = {}, {}
+    for p in spec.plates:
+        rows, sampled = heavy[p.name], np.asarray(batch.indices[p.name])
+        pad = 2 ** max(3, math.ceil(math.log2(max(rows.size, 1)))) - rows.size
+        drawn = np.where(np.isin(sampled, rows), 0.0, p.size / sampled.size)
+        indices[p.name] = host.device_array(
+            np.concatenate([rows, np.zeros(pad, np.int64), sampled]), np.int32
+        )
+        weights[p.name] = host.device_array(
+            np.concatenate([np.ones(rows.size), np.zeros(pad), drawn]), np.float32
+        )
+    return Batch(indices, weights, 1.0)
 
 
 def _row_count(batch) -> int:

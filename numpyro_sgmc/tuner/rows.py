@@ -32,6 +32,7 @@ __all__ = [
     "CORRELATION_ROWS_PER_PARAMETER",
     "EXACT_DIAGONAL_PROBES",
     "INFORMATION_ROWS",
+    "HEAVY_ROW_SHARE",
     "LINEARITY_ROWS",
     "LINEARITY_WORK",
     "MAX_PROBES",
@@ -70,6 +71,12 @@ LINEARITY_WORK = 2**21
 linearity check uses every row where the information did: a one-hot level of 4 rows, all of
 one class, was missing from 4,000 sampled rows of 30,000, and its skewed coefficient's profile
 was the prior's exact quadratic (a stated error of 0 on an sd 0.81 of the exact one)."""
+
+HEAVY_ROW_SHARE = 0.01
+"""Where the information used every row and the linearity check samples, every row carrying at
+least this share of the data's curvature along a probed direction joins the sample at weight
+1 (a category of up to 100 rows; 2 rows of 100,000 were otherwise absent and their
+coefficient's prediction stated ±0.0%)."""
 
 CORRELATION_ROWS = 10_000
 """The budget of rows of :func:`~numpyro_sgmc.tuner.laplace.correlations`' solves (or

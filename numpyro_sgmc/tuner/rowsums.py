@@ -30,7 +30,14 @@ from numpyro_sgmc.compilation import one_shot_jit
 from numpyro_sgmc.data.model import potential
 from numpyro_sgmc.data.subsample import Batch
 
-__all__ = ["PlateSums", "fisher_diagonal", "global_terms", "plate_sums", "probe_spread"]
+__all__ = [
+    "PlateSums",
+    "datum_curvatures",
+    "fisher_diagonal",
+    "global_terms",
+    "plate_sums",
+    "probe_spread",
+]
 
 GROUPS = 8  # jackknife groups of rows
 # elements of the largest intermediate one vmapped slice may hold (per-datum gradients, probes)
@@ -105,6 +112,26 @@ def _datum_gradients(spec, structure, layout, name, zf, idx, arrays):
         return base - jax.grad(U)(zf, weights_batch(spec, name, row[None], jnp.ones(1, dtype)))
 
     inner = max(1, min(idx.shape[0], VMAP_ELEMENTS // max(zf.shape[0], 1)))
+    if inner >= idx.shape[0]:
+        return jax.vmap(one)(idx)
+    return lax.map(one, idx, batch_size=inner)
+
+
+@one_shot_jit(("spec", "structure", "layout", "name"), rows=lambda idx, **_: idx.shape[0])
+def datum_curvatures(spec, structure, layout, name, zf, basis, idx, arrays):
+    """``(len(idx), k)``: ``w_kᵀ(-∇²l(z; X_row))w_k`` for every row of plate ``name`` in
+    ``idx`` and every column ``w_k`` of ``basis`` (``(d, k)``): each row's curvature along
+    the directions ``w_k``."""
+    dtype = zf.dtype
+    U = lambda z, batch: flat_potential(spec, structure, layout, z, batch, arrays)  # noqa: E731
+    base = weights_batch(spec, name, jnp.zeros(1, jnp.int32), jnp.zeros(1, dtype))
+
+    def one(row):
+        batch = weights_batch(spec, name, row[None], jnp.ones(1, dtype))
+        grad = jax.grad(lambda z: U(z, batch) - U(z, base))
+        return jax.vmap(lambda w: w @ jax.jvp(grad, (zf,), (w,))[1], in_axes=1)(basis)
+
+    inner = max(1, min(idx.shape[0], VMAP_ELEMENTS // max(zf.shape[0] * basis.shape[1], 1)))
     if inner >= idx.shape[0]:
         return jax.vmap(one)(idx)
     return lax.map(one, idx, batch_size=inner)
