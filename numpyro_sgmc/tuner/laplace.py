@@ -1133,26 +1133,11 @@ def _with_heavy_rows(spec, structure, layout, zf, basis, batch, arrays) -> Batch
     weighted 0: the rises stay unbiased, and a category of a few rows is in them whatever the
     sample. One pass of ``k`` Hessian-vector products per row (:func:`datum_curvatures`); the
     added rows are padded to a power of two (weight 0), so a few counts share a program."""
-    wide = np.asarray(basis, np.float32)
-    curvatures = {
-        p.name: np.maximum(
-            np.asarray(
-                datum_curvatures(
-                    spec,
-                    structure,
-                    layout,
-                    p.name,
-                    zf,
-                    wide,
-                    host.device_array(np.arange(p.size), np.int32),
-                    arrays,
-                ),  # fmt: skip
-                np.float64,
-            ),
-            0.0,
-        )
-        for p in spec.plates
-    }
+    wide, curvatures = np.asarray(basis, np.float32), {}
+    for p in spec.plates:
+        every = host.device_array(np.arange(p.size), np.int32)
+        c = datum_curvatures(spec, structure, layout, p.name, zf, wide, every, arrays)
+        curvatures[p.name] = np.maximum(np.asarray(c, np.float64), 0.0)
     total = np.maximum(sum(c.sum(axis=0) for c in curvatures.values()), 1e-300)
     heavy = {
         name: np.flatnonzero(np.max(c / total, axis=1) >= HEAVY_ROW_SHARE)
