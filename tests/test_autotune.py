@@ -643,11 +643,11 @@ def test_a_likelihood_with_no_curvature_is_refused_naming_it():
 
 @pytest.mark.parametrize("key", [1, 2])
 def test_newton_steps_whose_rows_miss_a_category_take_more_rows(key):
-    """60 one-hot levels in 100,000 rows, four of them of 2-11 rows: ``J`` from 10,000
+    """60 one-hot levels in 100,000 rows, four of them of a few rows: ``J`` from 10,000
     sampled rows had only the prior along a level the sample missed, and the Newton steps
-    swung back and forth by ±4.5 (then ±7.8, the budget of estimates spent) for 20 steps; the
-    polish did not settle and the prediction had no error bar, for 2 of 4 keys. Steps that
-    swing twice now double the rows: the polish settles."""
+    swung back and forth (by ±4.5, then ±7.8 with the budget of estimates spent) for all 20
+    steps; the polish did not settle and the prediction had no error bar, for both keys here.
+    Steps that swing twice now double the rows: the polish settles."""
     rng = np.random.default_rng(7)
     n, levels = 100_000, 60
     w = rng.dirichlet(np.ones(levels) * 2)
