@@ -517,6 +517,32 @@ def test_a_category_of_a_few_rows_states_its_coefficients_skew(rows, ones, n):
     assert abs(predicted / exact - 1.0) <= 2.0 * error, (predicted, exact, error)
 
 
+def test_the_rows_that_carry_a_direction_never_outnumber_their_plate():
+    """The linearity check's heavy rows join a sample of each plate; on a plate of 60 rows,
+    each carrying 1/60 of the curvature along its rate, the 60 rows padded to 64 and the
+    plate's sampled rows outnumbered the plate (NumPyro's shapes failed to broadcast). Such a
+    plate is read whole; a large plate without heavy rows keeps its sample, its weights still
+    summing to its size."""
+    from user_models import make_two_plates, two_plates
+
+    from numpyro_sgmc.data.model import split_args
+    from numpyro_sgmc.tuner import laplace
+    from numpyro_sgmc.tuner.rows import Stream, sample_rows
+
+    args, _ = make_two_plates(0, 30_000, 60)
+    prepared = prepare_model(jax.random.key(0), two_plates, args)
+    spec, layout = prepared.spec, prepared.layout
+    arrays, structure = split_args(args, {})
+    batch = sample_rows(Stream.LINEARITY_ROWS, jax.random.key(1), spec.plates, 4000)
+    basis = np.eye(layout.size)
+    zf = jnp.zeros(layout.size)
+    heavy = laplace._with_heavy_rows(spec, structure, layout, zf, basis, batch, arrays)
+    visits, rows = (np.asarray(heavy.indices[k]) for k in ("visits", "rows"))
+    assert np.array_equal(visits, np.arange(60))
+    assert np.array_equal(np.asarray(heavy.weights["visits"]), np.ones(60))
+    assert rows.size <= 30_000 and np.sum(heavy.weights["rows"]) == pytest.approx(30_000)
+
+
 def test_a_profile_where_the_rows_curve_downwards_is_said_not_printed_as_rises():
     """Where the rows' potential curves downwards along a probed direction (a Cauchy
     location 10 scales from its data, which is no mode), the profile has no quadratic to be

@@ -1168,6 +1168,10 @@ def _with_heavy_rows(spec, structure, layout, zf, basis, batch, arrays) -> Batch
     for p in spec.plates:
         rows, sampled = heavy[p.name], np.asarray(batch.indices[p.name])
         pad = 2 ** max(3, math.ceil(math.log2(max(rows.size, 1)))) - rows.size
+        if rows.size + pad + sampled.size >= p.size:  # no fewer than the plate's: every row
+            indices[p.name] = host.device_array(np.arange(p.size), np.int32)
+            weights[p.name] = host.device_array(np.ones(p.size), np.float32)
+            continue
         drawn = np.where(np.isin(sampled, rows), 0.0, p.size / sampled.size)
         indices[p.name] = host.device_array(
             np.concatenate([rows, np.zeros(pad, np.int64), sampled]), np.int32
