@@ -96,10 +96,16 @@ def _probe_terms(fn, zf, probes):
     def one(v):
         return v * jax.jvp(grad_fn, (zf,), (v,))[1]
 
-    inner = max(1, min(probes.shape[0], VMAP_ELEMENTS // max(zf.shape[0], 1)))
-    if inner >= probes.shape[0]:
-        return jax.vmap(one)(probes)
-    return lax.map(one, probes, batch_size=inner)
+    return _bounded_map(one, probes, zf.shape[0])
+
+
+def _bounded_map(fn, xs, width: int):
+    """``fn`` over the leading axis of ``xs``, vmapped in slices whose intermediates of
+    ``width`` elements per item hold at most :data:`VMAP_ELEMENTS` values."""
+    inner = max(1, min(xs.shape[0], VMAP_ELEMENTS // max(width, 1)))
+    if inner >= xs.shape[0]:
+        return jax.vmap(fn)(xs)
+    return lax.map(fn, xs, batch_size=inner)
 
 
 def _datum_gradients(spec, structure, layout, name, zf, idx, arrays):
@@ -111,10 +117,7 @@ def _datum_gradients(spec, structure, layout, name, zf, idx, arrays):
     def one(row):  # -[∇U(w = e_row, g = 0) - ∇U(w = 0, g = 0)]
         return base - jax.grad(U)(zf, weights_batch(spec, name, row[None], jnp.ones(1, dtype)))
 
-    inner = max(1, min(idx.shape[0], VMAP_ELEMENTS // max(zf.shape[0], 1)))
-    if inner >= idx.shape[0]:
-        return jax.vmap(one)(idx)
-    return lax.map(one, idx, batch_size=inner)
+    return _bounded_map(one, idx, zf.shape[0])
 
 
 @one_shot_jit(("spec", "structure", "layout", "name"), rows=lambda idx, **_: idx.shape[0])
@@ -131,10 +134,7 @@ def datum_curvatures(spec, structure, layout, name, zf, basis, idx, arrays):
         grad = jax.grad(lambda z: U(z, batch) - U(z, base))
         return jax.vmap(lambda w: w @ jax.jvp(grad, (zf,), (w,))[1], in_axes=1)(basis)
 
-    inner = max(1, min(idx.shape[0], VMAP_ELEMENTS // max(zf.shape[0] * basis.shape[1], 1)))
-    if inner >= idx.shape[0]:
-        return jax.vmap(one)(idx)
-    return lax.map(one, idx, batch_size=inner)
+    return _bounded_map(one, idx, zf.shape[0] * basis.shape[1])
 
 
 @one_shot_jit(("spec", "structure", "layout"))
