@@ -481,18 +481,9 @@ def test_the_linearity_profile_from_a_gradient_beside_the_mode_is_the_one_at_it(
     assert np.abs(rises((beside, gradient(mode))) - at_mode).max() > 0.1  # 0.30 here
 
 
-@pytest.mark.parametrize("rows, ones, n", [(4, 0, 20_000), (6, 1, 20_000), (4, 0, 100_000)])
-def test_a_category_of_a_few_rows_states_its_coefficients_skew(rows, ones, n):
-    """A one-hot level of 4 rows, all ``y = 0`` (or of 6 rows, one ``y = 1``), under the
-    ``N(0, 10²)`` prior: its coefficient's posterior is skewed, its sd 1.2-1.4x the Laplace
-    one. The profile used 4,000 sampled rows of 20,000, which held none of the level's, and
-    stated the prediction to ±0.0%; with every row (as the information used; at 100,000 rows,
-    where every row costs too much, the sample and the rows that carry the level) and the
-    error of the profile's continuation beyond its probes, the stated error covers the exact
-    sd (by quadrature, the other coefficients at the mode: they are known to 1% and the
-    level's rows hardly move them)."""
-    from scipy.special import log_expit
-
+def _thin_level(rows, ones, n):
+    """A logistic regression on a one-hot factor of six levels and a covariate; level 0 has
+    ``rows`` rows, ``ones`` of them ``y = 1`` (the first rows)."""
     rng = np.random.default_rng(3)
     etas = np.array([-4.0, -0.5, 0.0, 0.5, -1.0, 1.0])
     level = np.concatenate([np.zeros(rows, int), rng.integers(1, len(etas), n - rows)])
@@ -500,21 +491,85 @@ def test_a_category_of_a_few_rows_states_its_coefficients_skew(rows, ones, n):
     y = rng.random(n) < 1.0 / (1.0 + np.exp(-(etas[level] + 0.8 * x)))
     y[:rows] = np.arange(rows) < ones
     X = np.column_stack([np.eye(len(etas))[level], x]).astype(np.float32)
-    with pytest.warns(LinearizationWarning, match=r"direction of theta\[0\]"):
-        _, report = autotune(logistic_regression, jax.random.key(0), X, y.astype(np.float32))
-    slope = float(np.asarray(report.mode["theta"])[-1])
+    return X, y.astype(np.float32)
+
+
+def _thin_level_sd(X, y, rows, slope):
+    """The exact sd of level 0's coefficient by quadrature, the others at the mode (they are
+    known to 1% and the level's rows hardly move them)."""
+    from scipy.special import log_expit
+
     grid = np.linspace(-80.0, 20.0, 200_001)
-    logits = grid[:, None] + slope * x[:rows]
+    logits = grid[:, None] + slope * X[:rows, -1]
     log_p = -0.5 * (grid / PRIOR_SCALE) ** 2 + log_expit(np.where(y[:rows], logits, -logits)).sum(1)
     w = np.exp(log_p - log_p.max())
     w /= w.sum()
-    exact = np.sqrt(w @ (grid - w @ grid) ** 2)
+    return np.sqrt(w @ (grid - w @ grid) ** 2)
+
+
+@pytest.mark.parametrize(
+    "rows, ones, n",
+    [
+        (4, 0, 20_000),
+        (6, 1, 20_000),
+        (4, 0, 100_000),
+        pytest.param(2, 0, 200_000, marks=pytest.mark.slow),  # 14 s
+    ],
+)
+def test_a_category_of_a_few_rows_states_its_coefficients_skew(rows, ones, n):
+    """A one-hot level of 4 rows, all ``y = 0`` (or of 6 rows, one ``y = 1``), under the
+    ``N(0, 10²)`` prior: its coefficient's posterior is skewed, its sd 1.2-1.4x the Laplace
+    one. The profile used 4,000 sampled rows of 20,000, which held none of the level's, and
+    stated the prediction to ±0.0%; with every row (as the information used; at 100,000 rows,
+    where every row costs too much, the sample and the rows that carry the level) and the
+    error of the profile's continuation beyond its probes, the stated error covers the exact
+    sd. At 200,000 rows ``J`` came from 10,000 sampled rows without the level's 2: the
+    predicted sd was the prior's 10 against 5.9, stated ±0.0%; every row's curvature along
+    the coordinate shows the miss, and ``J`` is estimated again on every row."""
+    X, y = _thin_level(rows, ones, n)
+    with pytest.warns(LinearizationWarning, match=r"direction of theta\[0\]"):
+        _, report = autotune(logistic_regression, jax.random.key(0), X, y)
+    exact = _thin_level_sd(X, y, rows, float(np.asarray(report.mode["theta"])[-1]))
     if ones == 0:  # the level's rows are in the profile: a wall on their side (a prior's 2)
         (along,) = [f for f in report.nonlinearity if f.label == "theta[0]"]
         assert along.rises.max() > 5.0, along.rises
     predicted, error = report.predicted_sd[0], report.prediction_error[0]
     assert abs(predicted / exact - 1.0) > 0.1  # a skew the Laplace picture misses
     assert abs(predicted / exact - 1.0) <= 2.0 * error, (predicted, exact, error)
+
+
+@pytest.mark.slow  # 25 s
+def test_every_rows_curvature_shows_a_sample_that_missed_a_category(monkeypatch):
+    """``J`` from 10,000 sampled rows of 200,000 holds none of a level's 2 rows: along its
+    coordinate the sample's curvature is the prior's alone. One pass over every row
+    (:func:`~numpyro_sgmc.tuner.laplace.sample_misses`) finds it off there and nowhere else;
+    where ``J`` from every row would cost too much the error stated for that coefficient is
+    the miss the pass measured, and it covers the exact sd. A plain logistic regression of
+    120 coefficients from 10,000 rows of 30,000 is found right on every checked axis."""
+    from user_models import logistic, make_wide_logistic
+
+    from numpyro_sgmc.tuner import laplace
+    from numpyro_sgmc.tuner.fisher import information_of
+
+    X, y = _thin_level(2, 0, 200_000)
+    monkeypatch.setattr(laplace, "EVERY_ROW_WORK", 0)
+    _, thin = autotune(logistic_regression, jax.random.key(0), X, y)
+    exact = _thin_level_sd(X, y, 2, float(np.asarray(thin.mode["theta"])[-1]))
+    predicted, error = thin.predicted_sd[0], thin.prediction_error[0]
+    assert predicted == pytest.approx(PRIOR_SCALE, rel=0.01)  # the prior's: the rows missed
+    assert 0.3 < error < 1.0 and abs(predicted / exact - 1.0) <= 2.0 * error, (exact, error)
+
+    wide = make_wide_logistic(0, 30_000, 120)[0]
+    _, report = autotune(logistic, jax.random.key(0), *wide)
+    for model, args, mode, missed in [
+        (logistic_regression, (X, y), thin.mode, [0]),
+        (logistic, wide, report.mode, []),
+    ]:
+        prepared = prepare_model(jax.random.key(0), model, args)
+        info = information_of(prepared, jax.random.key(0), args, {}, mode, 10_000)
+        problem = Problem(prepared, args, {}, None, jax.random.key(1))
+        found = laplace.sample_misses(problem, mode, info)
+        assert np.flatnonzero(found).tolist() == missed, found
 
 
 def test_the_rows_that_carry_a_direction_never_outnumber_their_plate():

@@ -27,11 +27,12 @@ import numpy as np
 from jax import lax
 
 from numpyro_sgmc.compilation import one_shot_jit
-from numpyro_sgmc.data.model import potential
+from numpyro_sgmc.data.model import chunked_batches, potential
 from numpyro_sgmc.data.subsample import Batch
 
 __all__ = [
     "PlateSums",
+    "curvature_along",
     "datum_curvatures",
     "fisher_diagonal",
     "global_terms",
@@ -135,6 +136,26 @@ def datum_curvatures(spec, structure, layout, name, zf, basis, idx, arrays):
         return jax.vmap(lambda w: w @ jax.jvp(grad, (zf,), (w,))[1], in_axes=1)(basis)
 
     return _bounded_map(one, idx, zf.shape[0] * basis.shape[1])
+
+
+@one_shot_jit(("spec", "structure", "layout", "chunk"), rows=lambda spec, **_: spec.num_data)
+def curvature_along(spec, structure, layout, chunk, zf, basis, arrays):
+    """``(k,)``: ``Σ_i w_kᵀ(-∇²l(z; X_i))w_k`` over every row of every plate, for each column
+    ``w_k`` of ``basis`` (``(d, k)``): the data's exact curvature along ``w_k``, in chunks of
+    ``chunk`` rows (a Hessian-vector product each per direction, no per-row output)."""
+    dtype = zf.dtype
+    num_chunks, batch_of = chunked_batches(spec.plates, chunk)
+    U = lambda z, batch: flat_potential(spec, structure, layout, z, batch, arrays)  # noqa: E731
+    base = weights_batch(spec, None, None, None)  # every weight 0: U(w = 0, g = 0)
+
+    def body(total, c):
+        batch = batch_of(c)._replace(global_weight=jnp.zeros((), dtype))
+        grad = jax.grad(lambda z: U(z, batch) - U(z, base))
+        along = jax.vmap(lambda w: w @ jax.jvp(grad, (zf,), (w,))[1], in_axes=1)(basis)
+        return total + along, None
+
+    total, _ = lax.scan(body, jnp.zeros(basis.shape[1], dtype), jnp.arange(num_chunks))
+    return total
 
 
 @one_shot_jit(("spec", "structure", "layout"))
