@@ -76,6 +76,7 @@ from numpyro_sgmc.tuner.rowsums import VMAP_ELEMENTS, curvature_along, datum_cur
 
 __all__ = [
     "DENSE_MAX_DIM",
+    "MISSED_LOG",
     "START_CURVATURES",
     "STEEP_RATIO",
     "UNREACHED_SDS",
@@ -447,7 +448,7 @@ of its jackknife errors) off every row's, its sample missed rows that carry that
 
 
 def sample_misses(problem, mode, info) -> Optional[np.ndarray]:
-    """Whether the rows behind ``info`` (a sample) miss some that carry the target: ``(d,)``,
+    """Whether the rows behind ``info`` (a sample) miss some that carry a parameter: ``(d,)``,
     the relative error of each predicted sd that every row's curvature shows (zeros where
     nothing is off), or ``None`` where it was not checked.
 
