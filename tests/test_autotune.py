@@ -513,7 +513,7 @@ def _thin_level_sd(X, y, rows, slope):
         (4, 0, 20_000),
         (6, 1, 20_000),
         (4, 0, 100_000),
-        pytest.param(2, 0, 200_000, marks=pytest.mark.slow),  # 14 s
+        pytest.param(2, 0, 200_000, marks=pytest.mark.slow),  # 8 s
     ],
 )
 def test_a_category_of_a_few_rows_states_its_coefficients_skew(rows, ones, n):

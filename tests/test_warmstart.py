@@ -188,10 +188,11 @@ def test_the_newton_polish_takes_a_last_step_it_predicts_without_a_pass(logistic
     0.05 sds of the exact float64 mode. Whether a polish from a warm start meets that
     condition depends on where its steps land (3 of 4 seeds on one CPU, none on another), so
     the steps here are chord steps with ``J`` of the mode made 8% too large (contracting by
-    0.074 each near the mode): from 30 sds, steps of 22.6, 6.5 and 0.83 sds leave 0.07, whose
-    step is predicted to land 0.006 sds from the mode (a margin of 2x from every bound). From warm
-    starts on 200 of 20,000 rows (6-22 sds from the data's mode), every polish settles with
-    or without that shortcut, and the two agree."""
+    0.074 each near the mode): from 30 sds, steps of 22.6, 6.5 and 0.83 sds leave 0.07 (the
+    window is 0.05-0.2), whose step is predicted to land 0.006 sds from the mode (half of
+    tol/4): margins no CPU's rounding crosses. From warm starts on 200 of 20,000 rows (6-22
+    sds from the data's mode), every polish settles with or without that shortcut, and the
+    two agree."""
     from numpyro_sgmc import autotune
     from numpyro_sgmc.data.model import prepare_model
     from numpyro_sgmc.data.passes import exact_gradient
