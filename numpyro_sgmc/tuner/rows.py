@@ -29,9 +29,9 @@ from numpyro_sgmc.kernels.curvature import random_rows
 __all__ = [
     "CONTROL_VARIATE_ROWS",
     "CORRELATION_ROWS",
+    "CORRELATION_ROWS_PER_PARAMETER",
     "CURVATURE_CHECK_DIRECTIONS",
     "CURVATURE_CHECK_WORK",
-    "CORRELATION_ROWS_PER_PARAMETER",
     "EVERY_ROW_WORK",
     "EXACT_DIAGONAL_PROBES",
     "HEAVY_ROW_SHARE",
@@ -84,9 +84,9 @@ coefficient's prediction stated ±0.0%)."""
 CURVATURE_CHECK_DIRECTIONS = 8
 """Directions along which the data's curvature over every row is compared with a sampled
 ``J``'s (:func:`~numpyro_sgmc.tuner.laplace.sample_misses`): the coordinates whose sampled
-data curvature is least against the prior's. A one-hot level
-of 2 rows in 200,000 was absent from the 10,000 rows of ``J``, and its coefficient's
-predicted sd was the prior's 10 against an exact 5.9, stated ±0.0%."""
+data curvature is least against the prior's (a hierarchy's data-free parameters among them).
+A one-hot level of 2 rows in 200,000 was absent from the 10,000 rows of ``J``, and its
+coefficient's predicted sd was the prior's 10 against an exact 5.9, stated ±0.0%."""
 
 CURVATURE_CHECK_WORK = 2**26
 """The most row evaluations (a row's Hessian-vector product counting one) of that check:
