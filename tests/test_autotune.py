@@ -242,6 +242,7 @@ def test_diagonal_information_for_large_models(counts):
     assert np.all(np.abs(sd / exact_sd - 1) < 0.15), sd / exact_sd
 
 
+@pytest.mark.slow  # 12 s: the quick suite's 10 minutes
 def test_a_diagonal_j_with_ten_rows_per_parameter_settles_and_predicts_the_laplace_sds():
     """d = 400 on n = 2000 rows (a diagonal J, as d > 1000 gets). The Newton direction's
     Hessian came from the information's rows drawn with replacement: at d = 2000 on 20,000
@@ -332,6 +333,7 @@ def test_control_variate_noise_is_kept_small_where_the_curvature_grows_away_from
     assert abs(log_nu.std() / sd - 1) < 3 * np.sqrt(1 / (2 * ess) + 0.03**2), log_nu.std() / sd
 
 
+@pytest.mark.slow  # 10 s: the quick suite's 10 minutes
 def test_a_diagonal_j_on_correlated_parameters_is_exact_and_keeps_their_correlations():
     """Equicorrelated covariates (ρ = 0.5, d = 300, n = 6000) on the diagonal path. Random
     probes of diag(J) stay noisy (their error falls as 1/√K against off-diagonal mass 75
@@ -722,7 +724,7 @@ def test_a_likelihood_with_no_curvature_is_refused_naming_it():
         assert "scale" not in message.split("along")[1].split("the log")[0]
 
 
-@pytest.mark.parametrize("key", [1, 2])
+@pytest.mark.parametrize("key", [pytest.param(1, marks=pytest.mark.slow), 2])  # 15 s, 9 s
 def test_newton_steps_whose_rows_miss_a_category_take_more_rows(key):
     """60 one-hot levels in 100,000 rows, four of them of a few rows: ``J`` from 10,000
     sampled rows had only the prior along a level the sample missed, and the Newton steps

@@ -372,6 +372,7 @@ def test_a_pass_over_files_is_the_pass_in_memory(tmp_path, monkeypatch):
             np.testing.assert_allclose(g3_file[name], g3[name], rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow  # 14 s: the quick suite's 10 minutes
 @pytest.mark.filterwarnings("ignore::numpyro_sgmc.diagnostics.LinearizationWarning")
 def test_no_program_receives_a_file_whole(tmp_path, monkeypatch, capfd):
     """autotune, run_kernel (tuned, and a hand-set SGLD-FP whose centre is a pass over the

@@ -206,6 +206,7 @@ def test_a_hierarchy_of_200_groups_matches_nuts():
     assert np.all(np.abs(ratio - 1) < 0.15) and abs(np.median(ratio) - 1) < 0.04, ratio
 
 
+@pytest.mark.slow  # 17 s: the quick suite's 10 minutes
 def test_a_centred_hierarchy_of_thinly_observed_groups_is_said_to_be_far_from_gaussian():
     """200 centred groups of 50 rows: the joint mode collapses the group scale, and the run's
     mean of tau lay 2.88 posterior sds above it while the widest directions (group
