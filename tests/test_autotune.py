@@ -82,7 +82,7 @@ ROWS = [  # (target, keywords, row of Table 1, its target's weights)
 ]
 
 
-SLOW_ROWS = {"B", "G", "P5"}  # the rows that take longest; CI runs them
+SLOW_ROWS = {"B", "F", "G", "P5"}  # the rows that take longest; CI runs them
 
 
 @pytest.mark.parametrize(

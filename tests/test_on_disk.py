@@ -30,7 +30,11 @@ def test_rows_stay_together_and_each_appears_once(tmp_path):
     assert sorted(p.name for p in (tmp_path / "shuffled").iterdir()) == ["images.npy", "row.npy"]
 
 
-@pytest.mark.parametrize("memory_bytes", [64, 2**20], ids=["two buckets", "one bucket"])
+@pytest.mark.parametrize(
+    "memory_bytes",
+    [pytest.param(64, marks=pytest.mark.slow), 2**20],  # 7 s, 5 s
+    ids=["two buckets", "one bucket"],
+)
 def test_every_order_is_equally_likely(tmp_path, memory_bytes):
     """Over 2400 keys, the 24 orders of 4 rows each come about 100 times: a chi-square test
     at level 0.001 (with two buckets, the bucket sizes and contents make the order too)."""

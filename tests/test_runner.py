@@ -23,7 +23,7 @@ def problem():
     "kernel, num_chains",
     [
         (SGLD(linear_regression, 1e-3, num_steps=3), 1),
-        (SGLDFP(linear_regression, 1e-3, num_steps=3), 3),
+        pytest.param(SGLDFP(linear_regression, 1e-3, num_steps=3), 3, marks=pytest.mark.slow),
         (SGD(linear_regression, 1e-3, num_steps=3), 3),
         (SGHMC(linear_regression, 1e-2, num_steps=3), 1),
     ],

@@ -53,7 +53,11 @@ def reads(monkeypatch):
             3,
             marks=pytest.mark.slow,
         ),
-        (SGHMC(linear_regression, 5e-4, num_steps=3, batch_sampling="without_replacement"), 2),
+        pytest.param(  # 9 s: the quick suite's 10 minutes
+            SGHMC(linear_regression, 5e-4, num_steps=3, batch_sampling="without_replacement"),
+            2,
+            marks=pytest.mark.slow,
+        ),
         (SGLDFP(linear_regression, 1e-3, num_steps=3, batch_sampling="blocks"), 2),
     ],
     ids=["SGLD-1", "SGLDFP-epochs-3", "SGHMC-without-2", "SGLDFP-blocks-2"],
@@ -255,6 +259,7 @@ def test_random_access_sees_the_same_bytes_through_any_view(tmp_path, problem, m
     assert files.random_access(in_memory, 1) is in_memory
 
 
+@pytest.mark.slow  # 9 s: the quick suite's 10 minutes
 @pytest.mark.filterwarnings("ignore::numpyro_sgmc.diagnostics.LinearizationWarning")
 def test_the_tuner_on_files_is_the_tuner_in_memory(tmp_path, monkeypatch):
     """Every pass of autotune over a row sample (the warm start's, here on 600 of 4,000 rows,
@@ -284,6 +289,7 @@ def test_the_tuner_on_files_is_the_tuner_in_memory(tmp_path, monkeypatch):
     )
 
 
+@pytest.mark.slow  # 9 s: the quick suite's 10 minutes
 def test_a_memory_mapped_x_beside_a_y_in_memory_is_the_data_in_memory(tmp_path, problem):
     """A new user's set-up: the covariates memory-mapped, the responses a NumPy array or a
     pandas Series. The start's first rows cut the plate's arguments together (it cut the
