@@ -478,9 +478,7 @@ def sample_misses(problem, mode, info) -> Optional[np.ndarray]:
     share = data / np.maximum(data + np.asarray(info.J_prior.diagonal(d), np.float64), 1e-300)
     basis = np.eye(d)[:, np.argsort(share, kind="stable")[:k]]  # (d, k), unit columns
 
-    def along(S):
-        return n * np.sum(basis * scales.apply_rows(S, basis.T).T, axis=0)
-
+    along = partial(_along_columns, basis=basis, n=n)
     chunk = 2 ** int(np.clip(math.floor(math.log2(VMAP_ELEMENTS / (k * d))), 10, 16))
     exact = curvature_along(
         spec, structure, layout, chunk, layout.ravel(mode),
@@ -1219,12 +1217,16 @@ def _rows_missed(information, basis, curvature) -> bool:
     (``wᵀ∇²U_m w``, prior included) less ``n wᵀJ_prior w``, is more than ``e^0.4`` times off the
     information's ``n wᵀJw`` (four times the sampling noise of a direction that 100 rows
     carry; 24% was seen on 40 group intercepts of 1,250 rows each from 4,000 rows)."""
-    n = information.num_data
-    along = lambda S: n * np.sum(basis * scales.apply_rows(S, basis.T).T, axis=0)  # noqa: E731
+    along = partial(_along_columns, basis=basis, n=information.num_data)
     expected, prior = along(information.J), along(information.J_prior)
     data = curvature - prior
     ratio = np.maximum(data, 1e-300) / np.maximum(expected, 1e-300)
     return bool(np.any((expected > 0) & (np.abs(np.log(ratio)) > 0.4)))
+
+
+def _along_columns(S, basis, n) -> np.ndarray:
+    """``(k,)``: ``n wᵀSw`` for every column ``w`` of ``basis`` (``(d, k)``), in float64."""
+    return n * np.sum(basis * scales.apply_rows(S, basis.T).T, axis=0)
 
 
 def _with_heavy_rows(spec, structure, layout, zf, basis, batch, arrays) -> Batch:

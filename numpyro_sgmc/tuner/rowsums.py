@@ -109,6 +109,12 @@ def _bounded_map(fn, xs, width: int):
     return lax.map(fn, xs, batch_size=inner)
 
 
+def _quadratic_forms(grad_fn, zf, basis):
+    """``(k,)``: ``wᵀ∇(grad_fn)(zf)w`` for every column ``w`` of ``basis`` (``(d, k)``), a
+    Hessian-vector product each."""
+    return jax.vmap(lambda w: w @ jax.jvp(grad_fn, (zf,), (w,))[1], in_axes=1)(basis)
+
+
 def _datum_gradients(spec, structure, layout, name, zf, idx, arrays):
     """``∇l(z; X_row)`` for every row of ``idx``: ``(len(idx), d)``."""
     dtype = zf.dtype
@@ -133,7 +139,7 @@ def datum_curvatures(spec, structure, layout, name, zf, basis, idx, arrays):
     def one(row):
         batch = weights_batch(spec, name, row[None], jnp.ones(1, dtype))
         grad = jax.grad(lambda z: U(z, batch) - U(z, base))
-        return jax.vmap(lambda w: w @ jax.jvp(grad, (zf,), (w,))[1], in_axes=1)(basis)
+        return _quadratic_forms(grad, zf, basis)
 
     return _bounded_map(one, idx, zf.shape[0] * basis.shape[1])
 
@@ -151,8 +157,7 @@ def curvature_along(spec, structure, layout, chunk, zf, basis, arrays):
     def body(total, c):
         batch = batch_of(c)._replace(global_weight=jnp.zeros((), dtype))
         grad = jax.grad(lambda z: U(z, batch) - U(z, base))
-        along = jax.vmap(lambda w: w @ jax.jvp(grad, (zf,), (w,))[1], in_axes=1)(basis)
-        return total + along, None
+        return total + _quadratic_forms(grad, zf, basis), None
 
     total, _ = lax.scan(body, jnp.zeros(basis.shape[1], dtype), jnp.arange(num_chunks))
     return total
