@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
+import pandas as pd
 import pytest
 from numpyro.infer import MCMC
 
@@ -56,12 +57,15 @@ def test_a_prediction_known_to_tens_of_percent_cannot_pass(thin_category):
     assert "CANNOT CHECK" in str(check)
 
 
-def test_the_same_model_measured_well_passes(thin_category):
-    report, mcmc = _check(*thin_category)
+def test_the_same_model_measured_well_passes_on_the_pandas_data_it_ran_on(thin_category):
+    # MCMC keeps the pandas objects it ran on; the fresh evidence reads them as the kernel did
+    X, y = thin_category
+    report, mcmc = _check(pd.DataFrame(X, columns=["one", "x", "rare"]), pd.Series(y))
     assert np.max(report.prediction_error) < 0.2
     check = check_run(mcmc, report, print_table=False)
     assert check.status == "PASSED" and check.passed, check
-    assert not check.unchecked
+    assert not check.unchecked and not check.findings
+    assert check.sd_independent is not None and np.all(np.isfinite(check.sd_independent))
 
 
 @pytest.mark.slow  # 10-23 s: the quick suite's 10 minutes

@@ -36,6 +36,7 @@ from jax import random
 from numpyro.diagnostics import effective_sample_size, split_gelman_rubin
 from scipy import stats
 
+from numpyro_sgmc.data import validation
 from numpyro_sgmc.diagnostics import RunCheckWarning, warn
 from numpyro_sgmc.scales import is_dense
 from numpyro_sgmc.theory import target_covariance
@@ -583,6 +584,8 @@ def _run_inputs(mcmc, model_args, model_kwargs):
     kwargs = (kwargs or {}) if model_kwargs is None else dict(model_kwargs)
     if not hasattr(kernel, "prepared"):
         kernel = None
+    if kernel is not None and args is not None:  # as the kernel converted them (pandas, lists)
+        args, kwargs = validation.as_arrays(kernel.subsampled_model, args, kwargs)
     return kernel, args, kwargs
 
 
