@@ -25,6 +25,7 @@ from numpyro_sgmc import (
     AdaSGHMC,
     Dense,
     autotune,
+    information,
     run_kernel,
     warm_start,
 )
@@ -387,8 +388,15 @@ def test_pandas_lists_and_numpy_dtypes_give_the_same_draws(problem):
         run(kernel, frame, y)
     assert "argument 'X' (position 0) is a pandas DataFrame that is not numeric" in str(err.value)
     assert "non-numeric columns ['name']" in str(err.value)
-    with pytest.raises(TypeError, match="argument 'X' \\(position 0\\) is a pandas DataFrame"):
-        warm_start(regression, jax.random.key(0), frame, y)  # no conversion: a clear refusal
+    frame = frame.drop(columns="name")  # the public functions that take data convert it too
+    start = warm_start(regression, jax.random.key(0), frame, pd.Series(y), num_epochs=1)
+    same = warm_start(regression, jax.random.key(0), X, y, num_epochs=1)
+    np.testing.assert_allclose(start.params["theta"], same.params["theta"], rtol=1e-6)
+    params = {"theta": same.params["theta"][0]}
+    got = information(regression, jax.random.key(0), frame, pd.Series(y), params=params)
+    np.testing.assert_allclose(
+        got.J, information(regression, jax.random.key(0), X, y, params=params).J, rtol=1e-6
+    )
 
 
 def test_dense_preconditioner_with_nan(problem):

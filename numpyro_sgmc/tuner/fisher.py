@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from numpyro_sgmc import host, scales
+from numpyro_sgmc.data import validation
 from numpyro_sgmc.data.files import first_rows, rows_in_memory
 from numpyro_sgmc.data.model import Layout, num_data, prepare_model, split_args
 from numpyro_sgmc.scales import Dense, Diagonal
@@ -326,7 +327,8 @@ def information(
 
     :param model: a NumPyro model with at least one subsample plate (as for the kernels).
     :param rng_key: key for the row subsample and the Hutchinson probes.
-    :param model_args: the model's positional arguments (the data).
+    :param model_args: the model's positional arguments (the data; pandas objects, lists and
+        NumPy arrays are converted once, ``numpyro_sgmc.data.validation.as_arrays``).
     :param dict params: unconstrained values at the mode, site -> array (no chain axis).
     :param num_rows: ``None`` for all ``n`` rows; else a uniform subsample without replacement
         of about ``num_rows`` rows, split over the plates in proportion to ``n_p`` (at least 2
@@ -349,6 +351,7 @@ def information(
         gradients or Hessians; ``J + J_prior`` not positive definite and ``regularize`` not
         given.
     """
+    model_args, model_kwargs = validation.as_arrays(model, model_args, model_kwargs)
     prepared = prepare_model(rng_key, model, model_args, model_kwargs)
     return information_of(
         prepared, rng_key, model_args, model_kwargs, params, num_rows, kind, chunk_size,

@@ -319,7 +319,8 @@ def warm_start(
 
     :param model: a NumPyro model whose data plate(s) declare ``subsample_size``.
     :param rng_key: PRNG key: initial values and batches.
-    :param model_args: the model's positional arguments (the data).
+    :param model_args: the model's positional arguments (the data; pandas objects, lists and
+        NumPy arrays are converted once, ``numpyro_sgmc.data.validation.as_arrays``).
     :param num_epochs: passes over the data (iterations: ``ceil(num_epochs · n / b)``, with
         ``b`` the total batch size over the plates).
     :param batch_size: overrides the plates' ``subsample_size`` (int or ``{plate: int}``).
@@ -345,6 +346,7 @@ def warm_start(
     :param dict model_kwargs: the model's keyword arguments.
     :return: a :class:`WarmStart`.
     """
+    model_args, model_kwargs = validation.as_arrays(model, model_args, model_kwargs)
     num_restarts = validation.positive_int("num_restarts", num_restarts)
     num_epochs = validation.positive_number("num_epochs", num_epochs)
     if optimizer is None:
