@@ -6,6 +6,7 @@ errors are raised on the model's first trace, before anything compiles.
 
 import math
 import warnings
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -73,6 +74,44 @@ def test_nan_labels_are_named_with_their_rows_before_sampling(problem, rows):
     assert f"the first at row {rows[0]}" in message
     assert "keep = np.isfinite(y)" in message and "impute" in message
     assert "no step size fixes it" in message
+
+
+def masked_regression(X, y, factor=False):
+    """:func:`regression` with its missing labels (NaN) masked by NumPyro's ``mask``, or
+    (``factor``) by a ``jnp.where`` over a log density computed on them: its gradient is NaN."""
+    theta = numpyro.sample("theta", dist.Normal(0.0, 10.0).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=100):
+        Xb, yb = numpyro.subsample(X, event_dim=1), numpyro.subsample(y, event_dim=0)
+        seen, d = jnp.isfinite(yb), dist.Normal(Xb @ theta, 1.0)
+        if factor:
+            numpyro.factor("y", jnp.where(seen, d.log_prob(yb), 0.0))
+        else:
+            numpyro.sample("y", d.mask(seen), obs=yb)
+
+
+def test_labels_the_model_masks_are_the_data_without_them(problem):
+    X, y = np.asarray(problem.X), np.array(problem.y)
+    missing = np.arange(1000, 5000, 7)  # none in the first batch: the start is not at fault
+    y[missing] = np.nan
+    kept = np.isfinite(y)
+    _, report = autotune(masked_regression, jax.random.key(0), X, y)
+    _, dropped = autotune(regression, jax.random.key(0), X[kept], y[kept])
+    np.testing.assert_allclose(report.covariance, dropped.covariance, rtol=1e-3, atol=1e-9)
+    draws = run(SGLD(masked_regression, 1e-4), X, y).get_samples()["theta"]
+    assert np.all(np.isfinite(draws))
+    for model, what in [
+        (regression, "The model's potential is not finite on a batch of those rows"),
+        (
+            partial(masked_regression, factor=True),
+            "potential is finite on a batch of those rows, its gradient is not",
+        ),
+    ]:
+        with pytest.raises(ValueError) as err:
+            run(SGLD(model, 1e-4), X, y)
+        message = str(err.value)
+        assert f"has NaN or infinite values in {len(missing)} of its 5000 rows" in message
+        assert what in message
+        assert "`d.mask(seen)` replaces them before the log density" in message
 
 
 def test_nan_covariates_and_autotune(problem):

@@ -49,7 +49,7 @@ from numpyro.util import is_prng_key, not_jax_tracer
 from numpyro_sgmc import host
 from numpyro_sgmc.compilation import one_shot_jit
 from numpyro_sgmc.data import validation
-from numpyro_sgmc.data.files import check_zarr_arguments, first_rows
+from numpyro_sgmc.data.files import check_zarr_arguments, fed_rows, first_rows
 from numpyro_sgmc.data.first_trace import check_sites, declared_plates, first_trace
 from numpyro_sgmc.data.subsample import (
     Batch,
@@ -90,10 +90,14 @@ class ModelSpec(NamedTuple):
     :param model: the user's NumPyro model.
     :param tuple plates: its subsample plates, :class:`~numpyro_sgmc.data.subsample.SubsamplePlate`
         sorted by name, with the batch size the kernel draws.
+    :param frozenset masked: the labels of the arguments whose NaN or infinite rows the model
+        masks (its potential and gradient are finite on a batch of them), which the data
+        check lets through.
     """
 
     model: Callable
     plates: tuple
+    masked: frozenset = frozenset()
 
     @property
     def num_data(self) -> int:
@@ -368,11 +372,21 @@ def prepare_model(
     plates = _batch_sizes(declared_plates(model_trace), batch_size)
     check_sites(model_trace, plates)
     check_zarr_arguments(split_args(model_args, model_kwargs)[0], plates)
-    validation.check_finite_data(model, model_args, model_kwargs)
+    nonfinite = validation.nonfinite_data(model, model_args, model_kwargs)
     spec = ModelSpec(model, plates)
     if init_params is None:
-        init_params = _initialize(rng_key, model, plates, model_args, model_kwargs, init_strategy)
+        try:
+            init_params = _initialize(
+                rng_key, model, plates, model_args, model_kwargs, init_strategy
+            )
+        except RuntimeError:
+            if nonfinite:  # the data, not the start, are at fault
+                validation.refuse_nonfinite(nonfinite[0])
+            raise
     one = host.take(init_params) if batched else init_params
+    if nonfinite:
+        _check_masked(spec, one, model_args, model_kwargs, nonfinite)
+        spec = spec._replace(masked=frozenset(found.label for found in nonfinite))
     arrays, structure = split_args(model_args, model_kwargs)
     from numpyro_sgmc.data.streaming import check_file_rows  # it builds on this module
 
@@ -390,6 +404,51 @@ def prepare_model(
     deterministic = frozenset(n for n, s in model_trace.items() if s["type"] == "deterministic")
     per_datum = deterministic & set(plate_sites(model_trace, plates))
     return SubsampledModel(spec, Layout.of(one), init_params, transforms, per_datum, deterministic)
+
+
+def _check_masked(spec, z, model_args, model_kwargs, nonfinite):
+    """That the model masks the rows of each of ``nonfinite``
+    (:class:`~numpyro_sgmc.data.validation.NonFiniteRows`): its potential and gradient at ``z``
+    are finite on a batch of that argument's non-finite rows (its plate's other arguments cut
+    to the same rows, every other plate on its first rows). A model that writes
+    ``d.mask(jnp.isfinite(y))`` passes (NumPyro's mask replaces the masked values before the
+    log density); an unmasked NaN, a ``jnp.where`` over a log density computed on it (a NaN
+    gradient), or one in an argument the model uses whole does not, and is refused with what
+    its potential did.
+
+    :raises ValueError: the first argument the model does not mask
+        (``numpyro_sgmc.data.validation.refuse_nonfinite``)."""
+    arrays, structure = split_args(model_args, model_kwargs)
+    try:
+        fed = fed_rows(arrays, spec.plates)
+    except ValueError:  # two plates of one size: which rows go together is unknown
+        fed = None
+    sizes = {p.name: p.batch_size for p in spec.plates}
+    batch = first_batch(spec.plates)
+    for found in nonfinite:
+        k = next((k for k, x in enumerate(arrays) if x is found.value), None)
+        plate = None
+        if fed is not None and k in fed.leaves:
+            plate = fed.plates[fed.leaves.index(k)]
+        if plate is None or any(validation.zarr_array(arrays[j]) for j in fed.leaves):
+            validation.refuse_nonfinite(found)
+        rows = validation.nonfinite_row_indices(found.value, found.first, sizes[plate])
+        rows = np.resize(rows, sizes[plate])  # a batch of them, repeated if fewer
+        cut = list(first_rows(arrays, spec.plates))
+        for j, p in zip(fed.leaves, fed.plates, strict=True):
+            b = sizes[p]
+            cut[j] = np.asarray(arrays[j][rows] if p == plate else arrays[j][:b])
+        args, kwargs = structure.rebuild(tuple(cut))
+        with numpyro.validation_enabled(False):
+            value, grad = jax.value_and_grad(
+                lambda z, args=args, kwargs=kwargs: potential(spec, z, batch, args, kwargs)
+            )(z)
+        if not np.isfinite(float(value)):
+            why = "The model's potential is not finite on a batch of those rows"
+            validation.refuse_nonfinite(found, why)
+        if not all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(grad)):
+            why = "The model's potential is finite on a batch of those rows, its gradient is not"
+            validation.refuse_nonfinite(found, why)
 
 
 def _initialize(rng_key, model, plates, model_args, model_kwargs, init_strategy) -> dict:

@@ -158,7 +158,7 @@ def _record(arrays, bad, model_args, model_kwargs, spec):
     for k, (count, first) in bad.items():
         validation.record_file_counts(arrays[k], (count, 0 if first is None else first))
     if any(count for count, _ in bad.values()):
-        validation.check_finite_data(spec.model, model_args, model_kwargs)
+        validation.check_finite_data(spec.model, model_args, model_kwargs, masked=spec.masked)
 
 
 def _partition(spec, arrays, fed: FedRows, chunk_size: int) -> _Chunks:

@@ -5,9 +5,10 @@ Every entry point that takes data (a kernel's ``init`` under ``numpyro.infer.MCM
 through :func:`as_arrays` once: pandas objects, lists of numbers and NumPy arrays of any
 numeric dtype become NumPy arrays of JAX's dtype (``float32``, ``int32`` by default), so that
 no compiled call converts them again. :func:`~numpyro_sgmc.data.model.prepare_model` then checks
-the data once, on the model's first trace, with :func:`check_finite_data` (one chunked pass:
+the data once, on the model's first trace, with :func:`nonfinite_data` (one chunked pass:
 a NaN or an infinite value makes the gradient of every batch that holds it non-finite,
-``docs/theory.md`` §1). The rows of the data are checked against the plates: the first trace
+``docs/theory.md`` §1, unless the model masks it, which ``prepare_model`` tries on a batch of
+those rows; :func:`check_finite_data` checks again where files are read later). The rows of the data are checked against the plates: the first trace
 reports per-row arguments of unequal lengths with :func:`unequal_rows`, and
 :func:`check_indexed_rows` refuses a plate whose indices, used by the model itself
 (``X[idx]``), never reach some rows of the arrays they index. The option checks
@@ -27,7 +28,7 @@ import mmap
 import os
 import weakref
 from contextlib import contextmanager
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +43,7 @@ from numpyro_sgmc.compilation import one_shot_jit
 from numpyro_sgmc.data.subsample import subsample_indices
 
 __all__ = [
+    "NonFiniteRows",
     "SameArray",
     "argument_labels",
     "arrays_version",
@@ -54,11 +56,14 @@ __all__ = [
     "file_checks_deferred",
     "memory_mapped",
     "no_unknown_keywords",
+    "nonfinite_data",
+    "nonfinite_row_indices",
     "nonnegative_int",
     "number_in",
     "positive_int",
     "positive_number",
     "record_file_counts",
+    "refuse_nonfinite",
     "row_counts",
     "unequal_rows",
     "zarr_array",
@@ -588,20 +593,23 @@ def _keep_hint(name: str, ndim: int) -> str:
     return f"keep = np.isfinite({name}).reshape(len({name}), -1).all(axis=1)"
 
 
-def check_finite_data(model: Callable, model_args: tuple, model_kwargs: dict, files_only=False):
-    """Every floating-point array among the model arguments is finite (one chunked pass;
-    ``files_only``: the file-backed ones, after :func:`file_checks_deferred`).
+class NonFiniteRows(NamedTuple):
+    """A model argument (or an entry of one) with rows that hold a NaN or an infinite value."""
 
-    A NaN or an infinite datum makes the gradient estimate non-finite on every batch that
-    holds it (``docs/theory.md`` §1): the kernels would reject those steps, which biases the
-    chain, and the warm start's optimizer would diverge. Traced arguments (inside a ``jit``)
-    are not checked.
+    label: str  # "argument 'y' (position 1)", with the entry's path if it is one
+    value: object  # the array
+    count: int  # rows with a non-finite entry
+    first: int  # the first of them
 
-    :raises ValueError: naming the argument, how many rows hold non-finite values, the first
-        of them, and how to drop or impute them.
-    """
-    labelled = _labelled(model, model_args, model_kwargs)
-    for label, value in labelled:
+
+def nonfinite_data(
+    model: Callable, model_args: tuple, model_kwargs: dict, files_only=False
+) -> list:
+    """Every floating-point array among the model arguments with non-finite rows, as
+    :class:`NonFiniteRows` (one chunked pass; ``files_only``: the file-backed ones, after
+    :func:`file_checks_deferred`). Traced arguments (inside a ``jit``) are not checked."""
+    found = []
+    for label, value in _labelled(model, model_args, model_kwargs):
         for path, x in jax.tree_util.tree_flatten_with_path(value)[0]:
             if not hasattr(x, "dtype") or not not_jax_tracer(x):
                 continue
@@ -610,20 +618,63 @@ def check_finite_data(model: Callable, model_args: tuple, model_kwargs: dict, fi
             if files_only and not file_backed(x):
                 continue
             count, first = _count_nonfinite(x)
-            if not count:
-                continue
-            where = label + (f", entry {jax.tree_util.keystr(path)}" if path else "")
-            name = label.split("'")[1] if "'" in label else "x"
-            rows = x.shape[0] if x.ndim else 1
-            raise ValueError(
-                f"Model {where} has NaN or infinite values in {count} of its {rows} rows "
-                f"(the first at row {first}). A non-finite datum makes the gradient of every "
-                "batch that holds it non-finite, so the kernels would reject those steps (a "
-                "biased chain) and the optimizer of autotune would diverge; no step size "
-                "fixes it. Drop those rows from every per-row array before sampling, e.g. "
-                f"`{_keep_hint(name, x.ndim)}` and pass X[keep], y[keep], or impute the "
-                "missing values (e.g. with each column's mean)."
-            )
+            if count:
+                where = label + (f", entry {jax.tree_util.keystr(path)}" if path else "")
+                found.append(NonFiniteRows(where, x, count, first))
+    return found
+
+
+def refuse_nonfinite(found: NonFiniteRows, why: str = ""):
+    """Raise the data check's ``ValueError`` for ``found``; ``why``: what the model's potential
+    did on a batch of those rows, where that was tried."""
+    x = found.value
+    name = found.label.split("'")[1] if "'" in found.label else "x"
+    rows = x.shape[0] if x.ndim else 1
+    cause = why or ("A non-finite datum makes the gradient of every batch that holds it non-finite")
+    raise ValueError(
+        f"Model {found.label} has NaN or infinite values in {found.count} of its {rows} rows "
+        f"(the first at row {found.first}). {cause}, so the kernels would reject those steps "
+        "(a biased chain) and the optimizer of autotune would diverge; no step size fixes it. "
+        f"Drop those rows from every per-row array before sampling, e.g. "
+        f"`{_keep_hint(name, x.ndim)}` and pass X[keep], y[keep], impute the missing values "
+        "(e.g. with each column's mean), or mask them in the model: `d.mask(seen)` replaces "
+        "them before the log density (a `jnp.where` over a log density computed on them "
+        "leaves its gradient NaN)."
+    )
+
+
+def nonfinite_row_indices(x, first: int, limit: int) -> np.ndarray:
+    """Up to ``limit`` indices of the rows of ``x`` with a non-finite entry, from ``first`` on
+    (read in host chunks until that many are found)."""
+    rows = max(1, _CHUNK_ELEMENTS // max(1, math.prod(x.shape[1:])))
+    found = []
+    for start in range(first, x.shape[0], rows):
+        chunk = np.asarray(x[start : start + rows])
+        bad = ~np.isfinite(chunk).reshape(len(chunk), -1).all(axis=1)
+        found.extend(start + np.flatnonzero(bad)[: limit - len(found)])
+        if len(found) >= limit:
+            break
+    return np.asarray(found, np.int64)
+
+
+def check_finite_data(
+    model: Callable, model_args: tuple, model_kwargs: dict, files_only=False, masked=frozenset()
+):
+    """Every floating-point array among the model arguments is finite, except those whose
+    labels are in ``masked`` (:func:`nonfinite_data`).
+
+    A NaN or an infinite datum makes the gradient estimate non-finite on every batch that
+    holds it (``docs/theory.md`` §1): the kernels would reject those steps, which biases the
+    chain, and the warm start's optimizer would diverge. A model that masks them with finite
+    stand-ins is not refused (``prepare_model`` tries its potential on a batch of those rows
+    and names them in ``ModelSpec.masked``).
+
+    :raises ValueError: naming the argument, how many rows hold non-finite values, the first
+        of them, and how to drop, impute or mask them.
+    """
+    for found in nonfinite_data(model, model_args, model_kwargs, files_only):
+        if found.label not in masked:
+            refuse_nonfinite(found)
 
 
 def empty_arguments(model: Callable, model_args: tuple, model_kwargs: dict) -> Optional[str]:

@@ -114,7 +114,9 @@ def start(recipe: Recipe, model, rng_key, num_warmup, init_params, model_args, m
         centre = Centre(at, passes.exact_gradient(prepared.spec, at, model_args, model_kwargs,
                                                   options.chunk_size, batched)[1])  # fmt: skip
     if dynamics.control_variates:  # free where a pass has read the files (docstring above)
-        validation.check_finite_data(model, model_args, model_kwargs, files_only=True)
+        validation.check_finite_data(
+            model, model_args, model_kwargs, files_only=True, masked=prepared.spec.masked
+        )
     checks.check_position(z, prepared.init_params, batched)
     first = host.take(z) if batched else z
     data = (model_args, model_kwargs)

@@ -210,6 +210,7 @@ def autotune(
     key_prepare, key_warm, key_info = host.split_key(rng_key, 3)
     # files are checked for non-finite rows by the warm start's pass over every row, not by a
     # pass of their own (numpyro_sgmc.data.passes); the check after it is then free
+    prepared = None
     try:
         with validation.file_checks_deferred():
             prepared = prepare_model(
@@ -227,9 +228,10 @@ def autotune(
             elif warm is None:
                 warm = _optimise_to_mode(prepared, key_warm, model_args, model_kwargs, options)
     except FloatingPointError:  # non-finite rows in the warm start's sample: say which
-        validation.check_finite_data(model, model_args, model_kwargs)
+        masked = frozenset() if prepared is None else prepared.spec.masked
+        validation.check_finite_data(model, model_args, model_kwargs, masked=masked)
         raise
-    validation.check_finite_data(model, model_args, model_kwargs)
+    validation.check_finite_data(model, model_args, model_kwargs, masked=prepared.spec.masked)
     problem = Problem(
         prepared._replace(init_params=warm.member(0)), model_args, model_kwargs, options, key_info
     )
