@@ -30,6 +30,7 @@ from numpyro_sgmc import (
     run_kernel,
     warm_start,
 )
+from numpyro_sgmc.data import validation
 from numpyro_sgmc.data.model import prepare_model
 from numpyro_sgmc.diagnostics import DivergenceWarning, PerformanceWarning, StepSizeWarning
 from numpyro_sgmc.kernels.curvature import Curvature
@@ -112,6 +113,21 @@ def test_labels_the_model_masks_are_the_data_without_them(problem):
         assert f"has NaN or infinite values in {len(missing)} of its 5000 rows" in message
         assert what in message
         assert "`d.mask(seen)` replaces them before the log density" in message
+
+
+def test_masked_labels_past_a_files_first_rows_are_let_through(problem, tmp_path, monkeypatch):
+    # a file's rows past its first are checked by the warm start's pass, after the first trace
+    monkeypatch.setattr(validation, "_FIRST_ROWS", 1000)
+    X, y = np.asarray(problem.X), np.array(problem.y)
+    y[3000::11] = np.nan
+    np.save(tmp_path / "X.npy", X)
+    np.save(tmp_path / "y.npy", y)
+    files = [np.load(tmp_path / name, mmap_mode="r") for name in ("X.npy", "y.npy")]
+    _, report = autotune(masked_regression, jax.random.key(0), *files)
+    _, in_memory = autotune(masked_regression, jax.random.key(0), X, y)
+    np.testing.assert_allclose(report.covariance, in_memory.covariance, rtol=1e-3, atol=1e-9)
+    with pytest.raises(ValueError, match="The model's potential is not finite on a batch of"):
+        autotune(regression, jax.random.key(0), *files)
 
 
 def test_nan_covariates_and_autotune(problem):

@@ -90,14 +90,10 @@ class ModelSpec(NamedTuple):
     :param model: the user's NumPyro model.
     :param tuple plates: its subsample plates, :class:`~numpyro_sgmc.data.subsample.SubsamplePlate`
         sorted by name, with the batch size the kernel draws.
-    :param frozenset masked: the labels of the arguments whose NaN or infinite rows the model
-        masks (its potential and gradient are finite on a batch of them), which the data
-        check lets through.
     """
 
     model: Callable
     plates: tuple
-    masked: frozenset = frozenset()
 
     @property
     def num_data(self) -> int:
@@ -347,7 +343,8 @@ def prepare_model(
     The model and its data are checked on this first trace, before anything compiles
     (``docs/bad-input.md``): every plate against the data it subsamples and every site
     (:mod:`~numpyro_sgmc.data.first_trace`), and the data for NaN and infinite values in one
-    chunked pass (``numpyro_sgmc.data.validation.check_finite_data``); with file-backed data,
+    chunked pass (``numpyro_sgmc.data.validation.nonfinite_data``: refused unless the model
+    masks them, tried on a batch of them); with file-backed data,
     that the model reads only its batch's rows
     (:func:`~numpyro_sgmc.data.streaming.check_file_rows`); a plate whose indices
     the model uses itself (``X[idx]``) is evaluated once on its last rows, where an index past
@@ -384,9 +381,7 @@ def prepare_model(
                 validation.refuse_nonfinite(nonfinite[0])
             raise
     one = host.take(init_params) if batched else init_params
-    if nonfinite:
-        _check_masked(spec, one, model_args, model_kwargs, nonfinite)
-        spec = spec._replace(masked=frozenset(found.label for found in nonfinite))
+    _check_masked(spec, one, model_args, model_kwargs, nonfinite)
     arrays, structure = split_args(model_args, model_kwargs)
     from numpyro_sgmc.data.streaming import check_file_rows  # it builds on this module
 
@@ -404,6 +399,16 @@ def prepare_model(
     deterministic = frozenset(n for n, s in model_trace.items() if s["type"] == "deterministic")
     per_datum = deterministic & set(plate_sites(model_trace, plates))
     return SubsampledModel(spec, Layout.of(one), init_params, transforms, per_datum, deterministic)
+
+
+def check_data(spec: ModelSpec, z: dict, model_args, model_kwargs, files_only=False):
+    """The data check where a pass has read the files (``files_only``: theirs alone, the
+    others were checked on the first trace): NaN or infinite rows are refused unless the
+    model masks them, tried at the point ``z`` (no chain axis) on a batch of them.
+
+    :raises ValueError: ``numpyro_sgmc.data.validation.refuse_nonfinite``."""
+    nonfinite = validation.nonfinite_data(spec.model, model_args, model_kwargs, files_only)
+    _check_masked(spec, z, model_args, model_kwargs, nonfinite)
 
 
 def _check_masked(spec, z, model_args, model_kwargs, nonfinite):

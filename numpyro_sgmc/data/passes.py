@@ -42,7 +42,7 @@ from numpyro_sgmc.compilation import one_shot_jit
 from numpyro_sgmc.data import validation
 from numpyro_sgmc.data.files import FedRows, fed_rows, file_backed, read_rows
 from numpyro_sgmc.data.gradients import full_data_sums
-from numpyro_sgmc.data.model import ModelSpec, potential, split_args
+from numpyro_sgmc.data.model import ModelSpec, check_data, potential, split_args
 from numpyro_sgmc.data.subsample import Batch
 
 __all__ = ["CHUNK_BYTES", "exact_gradient", "streams"]
@@ -93,7 +93,7 @@ def exact_gradient(spec: ModelSpec, position: dict, model_args, model_kwargs, ch
     float32 sum of a potential of 6.9·10⁷ nats was 880 nats off) and for several points.
 
     :raises ValueError: a file-backed argument with NaN or infinite rows (the data check's
-        message, ``numpyro_sgmc.data.validation.check_finite_data``).
+        message, :func:`~numpyro_sgmc.data.model.check_data`).
     """
     arrays, structure = split_args(model_args, model_kwargs)
     if not streams(arrays, spec.plates):  # one program of one point (a program less)
@@ -131,7 +131,9 @@ def exact_gradient(spec: ModelSpec, position: dict, model_args, model_kwargs, ch
         total = _added(total, bad, *pending)
     finally:
         reader.close()
-    _record(arrays, bad, model_args, model_kwargs, spec)
+    _record(
+        arrays, bad, model_args, model_kwargs, spec, host.take(position) if batched else position
+    )
     value, grad = total
     dtype = jax.tree.leaves(position)[0].dtype
     grad = jax.tree.map(lambda g: jnp.asarray(-g / spec.num_data, dtype), grad)
@@ -152,13 +154,13 @@ def _added(total, bad, starts, found):
     return sums if total is None else jax.tree.map(np.add, total, sums)
 
 
-def _record(arrays, bad, model_args, model_kwargs, spec):
+def _record(arrays, bad, model_args, model_kwargs, spec, z):
     """The non-finite rows of every file a pass read whole, for the data check; its error
-    if any (``numpyro_sgmc.data.validation.check_finite_data``)."""
+    if any, unless the model masks them at ``z`` (:func:`~numpyro_sgmc.data.model.check_data`)."""
     for k, (count, first) in bad.items():
         validation.record_file_counts(arrays[k], (count, 0 if first is None else first))
     if any(count for count, _ in bad.values()):
-        validation.check_finite_data(spec.model, model_args, model_kwargs, masked=spec.masked)
+        check_data(spec, z, model_args, model_kwargs)
 
 
 def _partition(spec, arrays, fed: FedRows, chunk_size: int) -> _Chunks:

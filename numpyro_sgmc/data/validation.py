@@ -7,9 +7,10 @@ numeric dtype become NumPy arrays of JAX's dtype (``float32``, ``int32`` by defa
 no compiled call converts them again. :func:`~numpyro_sgmc.data.model.prepare_model` then checks
 the data once, on the model's first trace, with :func:`nonfinite_data` (one chunked pass:
 a NaN or an infinite value makes the gradient of every batch that holds it non-finite,
-``docs/theory.md`` §1, unless the model masks it, which ``prepare_model`` tries on a batch of
-those rows; :func:`check_finite_data` checks again where files are read later). The rows of the data are checked against the plates: the first trace
-reports per-row arguments of unequal lengths with :func:`unequal_rows`, and
+``docs/theory.md`` §1, unless the model masks it: ``numpyro_sgmc.data.model.check_data``
+tries its potential on a batch of those rows). The rows of the data are checked against the
+plates: the first trace reports per-row arguments of unequal lengths with
+:func:`unequal_rows`, and
 :func:`check_indexed_rows` refuses a plate whose indices, used by the model itself
 (``X[idx]``), never reach some rows of the arrays they index. The option checks
 (:func:`positive_int`, :func:`positive_number`, ...) reject a wrong type or an out-of-range
@@ -657,24 +658,19 @@ def nonfinite_row_indices(x, first: int, limit: int) -> np.ndarray:
     return np.asarray(found, np.int64)
 
 
-def check_finite_data(
-    model: Callable, model_args: tuple, model_kwargs: dict, files_only=False, masked=frozenset()
-):
-    """Every floating-point array among the model arguments is finite, except those whose
-    labels are in ``masked`` (:func:`nonfinite_data`).
+def check_finite_data(model: Callable, model_args: tuple, model_kwargs: dict, files_only=False):
+    """Every floating-point array among the model arguments is finite (:func:`nonfinite_data`).
 
     A NaN or an infinite datum makes the gradient estimate non-finite on every batch that
     holds it (``docs/theory.md`` §1): the kernels would reject those steps, which biases the
-    chain, and the warm start's optimizer would diverge. A model that masks them with finite
-    stand-ins is not refused (``prepare_model`` tries its potential on a batch of those rows
-    and names them in ``ModelSpec.masked``).
+    chain, and the warm start's optimizer would diverge; unless the model masks it, which
+    ``numpyro_sgmc.data.model.check_data`` tries first.
 
     :raises ValueError: naming the argument, how many rows hold non-finite values, the first
         of them, and how to drop, impute or mask them.
     """
     for found in nonfinite_data(model, model_args, model_kwargs, files_only):
-        if found.label not in masked:
-            refuse_nonfinite(found)
+        refuse_nonfinite(found)
 
 
 def empty_arguments(model: Callable, model_args: tuple, model_kwargs: dict) -> Optional[str]:

@@ -23,7 +23,7 @@ from numpyro_sgmc.compilation import one_shot_jit
 from numpyro_sgmc.data import passes, sharding, validation
 from numpyro_sgmc.data.files import fed_rows
 from numpyro_sgmc.data.gradients import Centre
-from numpyro_sgmc.data.model import prepare_model, split_args
+from numpyro_sgmc.data.model import check_data, prepare_model, split_args
 from numpyro_sgmc.kernels import auto_step, checks
 from numpyro_sgmc.kernels.family import ChainInit, Recipe, chain_keys, predicted_draw
 
@@ -114,9 +114,8 @@ def start(recipe: Recipe, model, rng_key, num_warmup, init_params, model_args, m
         centre = Centre(at, passes.exact_gradient(prepared.spec, at, model_args, model_kwargs,
                                                   options.chunk_size, batched)[1])  # fmt: skip
     if dynamics.control_variates:  # free where a pass has read the files (docstring above)
-        validation.check_finite_data(
-            model, model_args, model_kwargs, files_only=True, masked=prepared.spec.masked
-        )
+        check_data(prepared.spec, host.take(z) if batched else z, model_args, model_kwargs,
+                   files_only=True)  # fmt: skip
     checks.check_position(z, prepared.init_params, batched)
     first = host.take(z) if batched else z
     data = (model_args, model_kwargs)

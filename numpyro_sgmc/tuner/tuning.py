@@ -59,6 +59,7 @@ from numpyro_sgmc.data import validation
 from numpyro_sgmc.data.files import MAX_DRAW_BYTES
 from numpyro_sgmc.data.model import (
     Layout,
+    check_data,
     constrained,
     data_version,
     prepare_model,
@@ -228,10 +229,11 @@ def autotune(
             elif warm is None:
                 warm = _optimise_to_mode(prepared, key_warm, model_args, model_kwargs, options)
     except FloatingPointError:  # non-finite rows in the warm start's sample: say which
-        masked = frozenset() if prepared is None else prepared.spec.masked
-        validation.check_finite_data(model, model_args, model_kwargs, masked=masked)
+        if prepared is not None:
+            start = host.take(prepared.init_params)
+            check_data(prepared.spec, start, model_args, model_kwargs)
         raise
-    validation.check_finite_data(model, model_args, model_kwargs, masked=prepared.spec.masked)
+    check_data(prepared.spec, warm.member(0), model_args, model_kwargs)
     problem = Problem(
         prepared._replace(init_params=warm.member(0)), model_args, model_kwargs, options, key_info
     )
