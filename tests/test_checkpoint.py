@@ -117,6 +117,15 @@ def test_data_of_another_size_are_refused(problem, written):
         run_kernel(kernel, None, problem.X[:500], problem.y[:500], num_samples=2, previous=run)
 
 
+def test_no_data_is_refused_naming_what_load_run_takes(written):
+    kernel, _, directory = written
+    with pytest.raises(TypeError) as info:
+        load_run(directory, kernel)  # the checkpoint holds the draws, not the data
+    message = str(info.value)
+    assert "load_run(checkpoint, kernel, *model_args, model_kwargs=...) takes the data" in message
+    assert "missing a required argument: 'X'" in message
+
+
 def test_a_renamed_site_is_refused_by_name(problem, written):
     _, _, directory = written
     with pytest.raises(ValueError) as info:

@@ -34,6 +34,7 @@ their checksums are :mod:`numpyro_sgmc.running.checkpoint`'s.
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import time
@@ -586,6 +587,15 @@ def load_run(
             f"{type(kernel).__name__} kernel."
         )
     model = kernel.subsampled_model
+    try:
+        inspect.signature(model).bind(*model_args, **(model_kwargs or {}))
+    except TypeError as err:  # a checkpoint holds the draws, not the data
+        raise TypeError(
+            f"load_run(checkpoint, kernel, *model_args, model_kwargs=...) takes the data the run "
+            f"ran on, as run_kernel did: the model says {err}."
+        ) from None
+    except ValueError:  # no signature to bind (a C-implemented callable)
+        pass
     model_args, model_kwargs = validation.as_arrays(model, model_args, model_kwargs)
     num_chains = int(meta["num_chains"])
     keys = random.key(0) if num_chains == 1 else random.split(random.key(0), num_chains)
