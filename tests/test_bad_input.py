@@ -408,6 +408,26 @@ def test_column_of_labels(problem):
     assert "broadcast to (100, 100)" in message
 
 
+def test_an_event_dim_past_the_plates_dimension_names_the_one_that_fits(problem):
+    def two_outputs(X, Y, event_dim=1):  # rows at dim -2, outputs at -1: X's rows are at -2
+        W = numpyro.sample("W", dist.Normal(0.0, 3.0).expand([3, 2]).to_event(2))
+        with numpyro.plate("data", X.shape[0], subsample_size=100, dim=-2):
+            Xb = numpyro.subsample(X, event_dim=event_dim)
+            Yb = numpyro.subsample(Y, event_dim=0)
+            with numpyro.plate("outputs", 2, dim=-1):
+                numpyro.sample("Y", dist.Normal(Xb @ W, 1.0), obs=Yb)
+
+    Y = np.stack([problem.y, problem.y], axis=1)
+    with pytest.raises(ValueError) as err:
+        run(SGLD(two_outputs, 1e-3), problem.X, Y)
+    message = str(err.value)
+    assert "argument 'X' (position 0) of shape (5000, 3) subsamples nothing" in message
+    assert "it has no axis -3 for the plate" in message
+    assert "its rows are along axis 0: pass event_dim=0" in message
+    fixed = run(SGLD(partial(two_outputs, event_dim=0), 1e-3), problem.X, Y)
+    assert np.all(np.isfinite(fixed.get_samples()["W"]))
+
+
 def test_discrete_latent_site(problem):
     def discrete(X, y):
         theta = numpyro.sample("theta", dist.Normal(0.0, 10.0).expand([3]).to_event(1))

@@ -203,17 +203,22 @@ class _DataCheck(Messenger):
                     f"X.shape[0], ...) with the data's own length.{hint}"
                 )
             if subsampling:
-                where = (
-                    f"its axis {axis}, the plate's, has length 1"
-                    if len(shape) >= -dim
-                    else f"it has no axis {dim} for the plate"
-                )
+                if len(shape) >= -dim:
+                    where = f"its axis {axis}, the plate's, has length 1"
+                    fix = "a column y of shape (n, 1) as y.reshape(-1) (or y[:, 0])"
+                else:  # the plate's dim counts from the left of the event's event_dim axes
+                    where = f"it has no axis {dim} for the plate"
+                    fix = f"axis {dim}, with event_dim={event_dim} and the plate's dim={p.dim}"
+                    if shape and shape[0] == p.size and p.dim + len(shape) >= 0:
+                        fix = f"its rows are along axis 0: pass event_dim={p.dim + len(shape)}"
+                    elif shape and shape[0] == p.size:
+                        wanted = (shape[0],) + (1,) * (-dim - len(shape)) + shape[1:]
+                        fix = f"{fix}, as x.reshape{wanted}"
                 raise ValueError(
                     f"Inside plate '{p.name}' (size {p.size}, subsample_size {p.subsample_size}) "
                     f"the {call} subsamples nothing: {where}, so NumPyro broadcasts the whole "
                     "array against every batch instead of taking the batch's rows. Pass the "
-                    "data with their rows along the plate's dimension: a column y of shape "
-                    "(n, 1) as y.reshape(-1) (or y[:, 0])."
+                    f"data with their rows along the plate's dimension: {fix}."
                 )
 
 
