@@ -429,7 +429,6 @@ def _check_masked(spec, z, model_args, model_kwargs, nonfinite):
     except ValueError:  # two plates of one size: which rows go together is unknown
         fed = None
     sizes = {p.name: p.batch_size for p in spec.plates}
-    batch = first_batch(spec.plates)
     for found in nonfinite:
         k = next((k for k, x in enumerate(arrays) if x is found.value), None)
         plate = None
@@ -443,17 +442,26 @@ def _check_masked(spec, z, model_args, model_kwargs, nonfinite):
         for j, p in zip(fed.leaves, fed.plates, strict=True):
             b = sizes[p]
             cut[j] = np.asarray(arrays[j][rows] if p == plate else arrays[j][:b])
-        args, kwargs = structure.rebuild(tuple(cut))
-        with numpyro.validation_enabled(False):
-            value, grad = jax.value_and_grad(
-                lambda z, args=args, kwargs=kwargs: potential(spec, z, batch, args, kwargs)
-            )(z)
-        if not np.isfinite(float(value)):
+        value_finite, grad_finite = _finite_on(spec, structure, z, tuple(cut))
+        if not value_finite:
             why = "The model's potential is not finite on a batch of those rows"
             validation.refuse_nonfinite(found, why)
-        if not all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(grad)):
+        if not grad_finite:
             why = "The model's potential is finite on a batch of those rows, its gradient is not"
             validation.refuse_nonfinite(found, why)
+
+
+@one_shot_jit(("spec", "structure"))
+def _finite_on(spec, structure, z, arrays):
+    """Whether the potential and its gradient at ``z`` are finite on the first batch of
+    ``arrays`` (:func:`_check_masked`: one program, not an op-by-op evaluation)."""
+    args, kwargs = structure.rebuild(arrays)
+    batch = first_batch(spec.plates)
+    with numpyro.validation_enabled(False):
+        value, grad = jax.value_and_grad(lambda z: potential(spec, z, batch, args, kwargs))(z)
+    return jnp.isfinite(value), jnp.all(
+        jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grad)])
+    )
 
 
 def _initialize(rng_key, model, plates, model_args, model_kwargs, init_strategy) -> dict:
