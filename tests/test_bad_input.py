@@ -130,6 +130,28 @@ def test_masked_labels_past_a_files_first_rows_are_let_through(problem, tmp_path
         autotune(regression, jax.random.key(0), *files)
 
 
+def test_masked_labels_in_two_plates_leave_the_exact_posterior_of_the_rest():
+    rng = np.random.default_rng(0)
+    y1, y2 = rng.normal(1.0, 1.0, 3000), rng.normal(-1.0, 1.0, 2000)
+    y1[500::9], y2[700::5] = np.nan, np.nan
+
+    def two_means(y1, y2, masked=True):
+        m = numpyro.sample("m", dist.Normal(0.0, 5.0).expand([2]).to_event(1))
+        with numpyro.plate("a", y1.shape[0], subsample_size=100):
+            b = numpyro.subsample(y1, event_dim=0)
+            d = dist.Normal(m[0], 1.0)
+            numpyro.sample("y1", d.mask(jnp.isfinite(b)) if masked else d, obs=b)
+        with numpyro.plate("b", y2.shape[0], subsample_size=50):
+            b = numpyro.subsample(y2, event_dim=0)
+            numpyro.sample("y2", dist.Normal(m[1], 1.0).mask(jnp.isfinite(b)), obs=b)
+
+    _, report = autotune(two_means, jax.random.key(0), y1, y2)
+    seen = np.array([np.isfinite(y1).sum(), np.isfinite(y2).sum()])
+    np.testing.assert_allclose(report.predicted_sd, 1 / np.sqrt(seen + 1 / 25), rtol=1e-3)
+    with pytest.raises(ValueError, match="'y1' .* The model's potential is not finite on a"):
+        autotune(two_means, jax.random.key(0), y1, y2, model_kwargs={"masked": False})
+
+
 def test_nan_covariates_and_autotune(problem):
     X = np.array(problem.X)
     X[4321, 2] = np.inf

@@ -319,14 +319,14 @@ def test_a_file_is_checked_for_non_finite_rows_once_per_version(tmp_path, proble
     count = validation._count_nonfinite_host
     monkeypatch.setattr(validation, "_count_nonfinite_host", lambda x: passes.append(x) or count(x))
     for _ in range(2):
-        validation.check_finite_data(linear_regression, (X, y), {})
+        assert not validation.nonfinite_data(linear_regression, (X, y), {})
     assert len(passes) == 2  # X and y, once each
     written = np.lib.format.open_memmap(tmp_path / "y.npy", "r+")
     written[17] = np.nan
     written.flush()
     del written
-    with pytest.raises(ValueError, match=r"in 1 of its 1000 rows \(the first at row 17\)"):
-        validation.check_finite_data(linear_regression, (X, y), {})
+    (found,) = validation.nonfinite_data(linear_regression, (X, y), {})
+    assert (found.label, found.count, found.first) == ("argument 'y' (position 1)", 1, 17)
 
 
 def test_the_row_order_check_reads_its_batches_from_the_file(tmp_path, problem):

@@ -412,43 +412,49 @@ def check_data(spec: ModelSpec, z: dict, model_args, model_kwargs, files_only=Fa
 
 
 def _check_masked(spec, z, model_args, model_kwargs, nonfinite):
-    """That the model masks the rows of each of ``nonfinite``
+    """That the model masks the rows of ``nonfinite``
     (:class:`~numpyro_sgmc.data.validation.NonFiniteRows`): its potential and gradient at ``z``
-    are finite on a batch of that argument's non-finite rows (its plate's other arguments cut
-    to the same rows, every other plate on its first rows). A model that writes
+    are finite on one batch of them (each plate's batch shared among its arguments with such
+    rows, their other arguments cut to the same rows). A model that writes
     ``d.mask(jnp.isfinite(y))`` passes (NumPyro's mask replaces the masked values before the
     log density); an unmasked NaN, a ``jnp.where`` over a log density computed on it (a NaN
     gradient), or one in an argument the model uses whole does not, and is refused with what
     its potential did.
 
-    :raises ValueError: the first argument the model does not mask
-        (``numpyro_sgmc.data.validation.refuse_nonfinite``)."""
+    :raises ValueError: ``numpyro_sgmc.data.validation.refuse_nonfinite`` (of the first)."""
+    if not nonfinite:
+        return
     arrays, structure = split_args(model_args, model_kwargs)
     try:
         fed = fed_rows(arrays, spec.plates)
     except ValueError:  # two plates of one size: which rows go together is unknown
-        fed = None
-    sizes = {p.name: p.batch_size for p in spec.plates}
+        validation.refuse_nonfinite(nonfinite[0])
+    plate_of = dict(zip(fed.leaves, fed.plates, strict=True))
+    found_in = {}  # plate -> the arguments of it with non-finite rows
     for found in nonfinite:
         k = next((k for k, x in enumerate(arrays) if x is found.value), None)
-        plate = None
-        if fed is not None and k in fed.leaves:
-            plate = fed.plates[fed.leaves.index(k)]
-        if plate is None or any(validation.zarr_array(arrays[j]) for j in fed.leaves):
-            validation.refuse_nonfinite(found)
-        rows = validation.nonfinite_row_indices(found.value, found.first, sizes[plate])
-        rows = np.resize(rows, sizes[plate])  # a batch of them, repeated if fewer
-        cut = list(first_rows(arrays, spec.plates))
-        for j, p in zip(fed.leaves, fed.plates, strict=True):
-            b = sizes[p]
-            cut[j] = np.asarray(arrays[j][rows] if p == plate else arrays[j][:b])
-        value_finite, grad_finite = _finite_on(spec, structure, z, tuple(cut))
-        if not value_finite:
-            why = "The model's potential is not finite on a batch of those rows"
-            validation.refuse_nonfinite(found, why)
-        if not grad_finite:
-            why = "The model's potential is finite on a batch of those rows, its gradient is not"
-            validation.refuse_nonfinite(found, why)
+        if k not in plate_of or any(validation.zarr_array(arrays[j]) for j in fed.leaves):
+            validation.refuse_nonfinite(found)  # used whole, or not read by rows here
+        found_in.setdefault(plate_of[k], []).append(found)
+    cut = list(first_rows(arrays, spec.plates))
+    for name in set(fed.plates):
+        b = next(p.batch_size for p in spec.plates if p.name == name)
+        share = -(-b // len(found_in.get(name, [None])))  # each argument's part of the batch
+        rows = np.concatenate(
+            [validation.nonfinite_row_indices(f.value, f.first, share) for f in found_in[name]]
+            if name in found_in
+            else [np.arange(b)]
+        )
+        rows = np.resize(rows, b)  # a batch of them, repeated if fewer
+        for j in (j for j, p in plate_of.items() if p == name):
+            cut[j] = np.asarray(arrays[j][rows])
+    value_finite, grad_finite = _finite_on(spec, structure, z, tuple(cut))
+    if not value_finite:
+        why = "The model's potential is not finite on a batch of those rows"
+        validation.refuse_nonfinite(nonfinite[0], why)
+    if not grad_finite:
+        why = "The model's potential is finite on a batch of those rows, its gradient is not"
+        validation.refuse_nonfinite(nonfinite[0], why)
 
 
 @one_shot_jit(("spec", "structure"))

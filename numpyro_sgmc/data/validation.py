@@ -49,7 +49,6 @@ __all__ = [
     "argument_labels",
     "arrays_version",
     "as_arrays",
-    "check_finite_data",
     "check_indexed_rows",
     "check_types",
     "empty_arguments",
@@ -192,7 +191,7 @@ def _to_numpy(x, label: str) -> np.ndarray:
     """One array-like (pandas, a list of numbers, an object with ``__array__``) as NumPy."""
     if _is_pandas(x) and hasattr(x, "to_numpy"):
         try:
-            # nullable pandas dtypes hold pd.NA: NaN here, reported by check_finite_data
+            # nullable pandas dtypes hold pd.NA: NaN here, reported by nonfinite_data
             return np.asarray(x.to_numpy(dtype=np.float64, na_value=np.nan))
         except (TypeError, ValueError):
             columns = getattr(x, "columns", None)
@@ -386,7 +385,7 @@ def on_device(model_args, model_kwargs) -> tuple:
     (on CPU too, unless it is 64-byte aligned), and the tuner's dozens of calls on 10⁸ rows in
     memory (4.4 GB) spent 88 of their 143 s copying it. File-backed arrays stay on the host,
     read by rows where used. A floating-point array's data check is made here, on the host
-    copy, and kept for the device copy (:func:`check_finite_data` then runs no program of its
+    copy, and kept for the device copy (:func:`nonfinite_data` then runs no program of its
     own: a reduction over a device array compiled one per shape)."""
 
     def put(x):
@@ -552,11 +551,11 @@ _FIRST_ROWS = 2**16  # rows of a file checked at once where its check is deferre
 
 @contextmanager
 def file_checks_deferred():
-    """Within it, :func:`check_finite_data` checks only the first rows of a file not yet
+    """Within it, :func:`nonfinite_data` checks only the first rows of a file not yet
     checked (those a model's first trace and start evaluate): the caller will read every row
     in a full pass (:mod:`~numpyro_sgmc.data.passes`), which checks them on the way and
     records what it found (:func:`record_file_counts`), and then calls
-    :func:`check_finite_data` again, at no cost. Beyond RAM this saves a read of the file."""
+    :func:`nonfinite_data` again, at no cost. Beyond RAM this saves a read of the file."""
     token = _DEFERRED.set(True)
     try:
         yield
@@ -631,7 +630,7 @@ def refuse_nonfinite(found: NonFiniteRows, why: str = ""):
     x = found.value
     name = found.label.split("'")[1] if "'" in found.label else "x"
     rows = x.shape[0] if x.ndim else 1
-    cause = why or ("A non-finite datum makes the gradient of every batch that holds it non-finite")
+    cause = why or "A non-finite datum makes the gradient of every batch that holds it non-finite"
     raise ValueError(
         f"Model {found.label} has NaN or infinite values in {found.count} of its {rows} rows "
         f"(the first at row {found.first}). {cause}, so the kernels would reject those steps "
@@ -656,21 +655,6 @@ def nonfinite_row_indices(x, first: int, limit: int) -> np.ndarray:
         if len(found) >= limit:
             break
     return np.asarray(found, np.int64)
-
-
-def check_finite_data(model: Callable, model_args: tuple, model_kwargs: dict, files_only=False):
-    """Every floating-point array among the model arguments is finite (:func:`nonfinite_data`).
-
-    A NaN or an infinite datum makes the gradient estimate non-finite on every batch that
-    holds it (``docs/theory.md`` §1): the kernels would reject those steps, which biases the
-    chain, and the warm start's optimizer would diverge; unless the model masks it, which
-    ``numpyro_sgmc.data.model.check_data`` tries first.
-
-    :raises ValueError: naming the argument, how many rows hold non-finite values, the first
-        of them, and how to drop, impute or mask them.
-    """
-    for found in nonfinite_data(model, model_args, model_kwargs, files_only):
-        refuse_nonfinite(found)
 
 
 def empty_arguments(model: Callable, model_args: tuple, model_kwargs: dict) -> Optional[str]:
