@@ -152,6 +152,27 @@ def test_masked_labels_in_two_plates_leave_the_exact_posterior_of_the_rest():
         autotune(two_means, jax.random.key(0), y1, y2, model_kwargs={"masked": False})
 
 
+def test_a_table_of_group_covariates_with_nan_the_model_masks_is_let_through():
+    rng = np.random.default_rng(0)
+    n, num_groups = 5000, 20
+    group = rng.integers(0, num_groups, n).astype(np.int32)
+    covariate = rng.normal(size=num_groups).astype(np.float32)
+    covariate[[3, 7]] = np.nan  # two groups' covariate unknown: the model sets it to 0
+    y = (rng.normal(size=n) + np.nan_to_num(covariate)[group]).astype(np.float32)
+
+    def groups(group, covariate, y):
+        b = numpyro.sample("b", dist.Normal(0.0, 5.0).expand([2]).to_event(1))
+        w = jnp.where(jnp.isfinite(covariate), covariate, 0.0)
+        with numpyro.plate("rows", group.shape[0], subsample_size=100):
+            gb, yb = numpyro.subsample(group, event_dim=0), numpyro.subsample(y, event_dim=0)
+            numpyro.sample("y", dist.Normal(b[0] + b[1] * w[gb], 1.0), obs=yb)
+
+    _, report = autotune(groups, jax.random.key(0), group, covariate, y)
+    design = np.column_stack([np.ones(n), np.nan_to_num(covariate)[group]])
+    exact = np.sqrt(np.diag(np.linalg.inv(design.T @ design + np.eye(2) / 25)))
+    np.testing.assert_allclose(report.predicted_sd, exact, rtol=1e-3)
+
+
 def test_nan_covariates_and_autotune(problem):
     X = np.array(problem.X)
     X[4321, 2] = np.inf

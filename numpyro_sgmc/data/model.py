@@ -417,9 +417,10 @@ def _check_masked(spec, z, model_args, model_kwargs, nonfinite):
     are finite on one batch of them (each plate's batch shared among its arguments with such
     rows, their other arguments cut to the same rows). A model that writes
     ``d.mask(jnp.isfinite(y))`` passes (NumPyro's mask replaces the masked values before the
-    log density); an unmasked NaN, a ``jnp.where`` over a log density computed on it (a NaN
-    gradient), or one in an argument the model uses whole does not, and is refused with what
-    its potential did.
+    log density); an unmasked NaN or a ``jnp.where`` over a log density computed on it (a NaN
+    gradient) does not, and is refused with what its potential did. An argument that is not
+    a plate's per-row one (a table of the groups' covariates) is in every batch whole, so one
+    batch tries all of it.
 
     :raises ValueError: ``numpyro_sgmc.data.validation.refuse_nonfinite`` (of the first)."""
     if not nonfinite:
@@ -433,9 +434,10 @@ def _check_masked(spec, z, model_args, model_kwargs, nonfinite):
     found_in = {}  # plate -> the arguments of it with non-finite rows
     for found in nonfinite:
         k = next((k for k, x in enumerate(arrays) if x is found.value), None)
-        if k not in plate_of or any(validation.zarr_array(arrays[j]) for j in fed.leaves):
-            validation.refuse_nonfinite(found)  # used whole, or not read by rows here
-        found_in.setdefault(plate_of[k], []).append(found)
+        if k is None or k in plate_of and any(validation.zarr_array(a) for a in arrays):
+            validation.refuse_nonfinite(found)  # not among the arrays, or not read by rows here
+        if k in plate_of:  # else used whole: every batch holds all of it
+            found_in.setdefault(plate_of[k], []).append(found)
     cut = list(first_rows(arrays, spec.plates))
     for name in set(fed.plates):
         b = next(p.batch_size for p in spec.plates if p.name == name)
