@@ -724,6 +724,33 @@ def test_a_likelihood_with_no_curvature_is_refused_naming_it():
         assert "scale" not in message.split("along")[1].split("the log")[0]
 
 
+def test_a_network_at_its_symmetric_start_is_refused_as_a_saddle():
+    """A tanh network's prior mean (autotune's start, all weights 0) has every hidden unit the
+    same: a stationary point whose Hessian curves down along the weights, where no gradient
+    step leaves. The Newton steps settled there; on the diagonal path no check saw the
+    negative curvature, and the correlations' conjugate gradients returned NaN, which crashed
+    the kernel's build ("cannot convert float NaN to integer"). Their own curvature now names
+    the saddle and the fix for networks."""
+    rng = np.random.default_rng(0)
+    n, width = 2000, 4
+    X = rng.normal(size=(n, 5)).astype(np.float32)
+    y = (np.tanh(X @ rng.normal(size=(5, width))) @ rng.normal(size=width) > 0).astype(np.int32)
+
+    def network(X, y):
+        W1 = numpyro.sample("W1", dist.Normal(0.0, 1.0).expand([5, width]).to_event(2))
+        w2 = numpyro.sample("w2", dist.Normal(0.0, 1.0).expand([width]).to_event(1))
+        with numpyro.plate("data", X.shape[0], subsample_size=100):
+            Xb, yb = numpyro.subsample(X, event_dim=1), numpyro.subsample(y, event_dim=0)
+            numpyro.sample("y", dist.Bernoulli(logits=jnp.tanh(Xb @ W1) @ w2), obs=yb)
+
+    with warnings.catch_warnings(), pytest.raises(ValueError) as error:
+        warnings.simplefilter("ignore")
+        autotune(network, KEY, X, y, dense=False)
+    message = str(error.value)
+    assert "the damped Newton steps settled where the gradient is zero" in message
+    assert "a saddle point, not a mode" in message and "numpyro_sgmc.bde" in message
+
+
 @pytest.mark.parametrize("key", [pytest.param(1, marks=pytest.mark.slow), 2])  # 15 s, 9 s
 def test_newton_steps_whose_rows_miss_a_category_take_more_rows(key):
     """60 one-hot levels in 100,000 rows, four of them of a few rows: ``J`` from 10,000

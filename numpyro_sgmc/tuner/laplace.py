@@ -324,7 +324,12 @@ def fit(problem: Problem, warm, weights, must_settle: bool = False) -> Fit:
             error = np.full(d, np.inf)
         linked = None
         if kind == "diagonal":
-            linked = correlations(problem, mode, info)
+            try:
+                linked = correlations(problem, mode, info)
+            except NotPositiveDefinite as error:
+                if not settled:  # _no_mode_unless: where the steps stopped short
+                    raise
+                raise ValueError(_saddle(error.sites)) from error
             visited += linked.num_rows
             error = with_correlations(error, linked, weights)
     return Fit(
@@ -347,9 +352,13 @@ def _refuse_non_smooth(info):
     is refused at the optimizer's mode."""
     data_part = np.asarray(info.J.diagonal(), np.float64) - info.regularization
     spread = np.asarray(info.I.diagonal(), np.float64)
+    prior = np.asarray(info.J_prior.diagonal(info.layout.size), np.float64)
     # a diagonal's random probes clip a noisy entry to zero; a nil curvature is nil on each
     exact = np.zeros(spread.size) if info.probe_error is None else info.probe_error
-    flat = np.flatnonzero((spread > 0) & (data_part <= 1e-6 * spread) & (exact == 0))
+    # nil, not negative (a curvature of the wrong sign, as a network's hidden weights have
+    # away from a mode, is no mode yet: the Newton steps and J + J_prior's check say so), and
+    # for gradients that matter against the prior (a saturated tanh unit's are 1e-30)
+    flat = np.flatnonzero((spread > prior) & (np.abs(data_part) <= 1e-6 * spread) & (exact == 0))
     if flat.size:
         names = info.layout.names()
         labels = ", ".join(names[j] for j in flat[:5])
@@ -400,6 +409,24 @@ def _no_mode_unless(settled: bool):
         if settled:
             raise
         raise ValueError(_no_mode(f"{error.what} are not finite")) from error
+
+
+def _saddle(sites) -> str:
+    """Why there is nothing to tune at where the polish settled at a saddle point, whose
+    negative curvature the diagonal ``J`` does not show (:func:`correlations` meets it)."""
+    named = ", ".join(sites[:8]) + (f" and {len(sites) - 8} more" if len(sites) > 8 else "")
+    return (
+        "autotune found no mode to linearise at: the damped Newton steps settled where the "
+        "gradient is zero, but the potential curves downwards there in the direction of "
+        f"{named} (the conjugate gradients on its Hessian met negative curvature): "
+        "a saddle point, not a mode. A neural network started at its prior's mean (autotune's "
+        "default start, init_to_mean), where every hidden unit is the same, sits on one, and "
+        "no gradient step leaves it; its interchangeable and unused units give many modes and "
+        "saddles besides: sample a network as a deep ensemble (numpyro_sgmc.bde, with "
+        "step_size='auto') rather than through one Gaussian. For another model, start "
+        "elsewhere (init_strategy=init_to_value(values=...)) or run the warm start longer "
+        "(warm_start_epochs)."
+    )
 
 
 def _no_mode(where: str) -> str:
@@ -494,6 +521,11 @@ def sample_misses(problem, mode, info) -> Optional[np.ndarray]:
     return np.max(basis * factor, axis=1)
 
 
+#: the least ``pᵀHp / pᵀDp`` along a conjugate-gradient direction that is not rounding: below
+#: its negative, ``H`` is not positive definite (a saddle's is of order -1)
+NEGATIVE_CURVATURE = 1e-4
+
+
 class Correlations(NamedTuple):
     """What a diagonal ``J`` leaves out, per parameter (:func:`correlations`), in the
     Jacobi-scaled ``C = D^{-1/2} J D^{-1/2}``, ``D = diag(J)``, with eigenpairs ``(λ_k, v_k)``.
@@ -518,7 +550,9 @@ class Correlations(NamedTuple):
 def _preconditioned_solves(spec, structure, layout, iterations, zf, diag, probes, batch, arrays):
     """``x_k = H⁻¹ D^{1/2} z_k`` for every probe ``z_k`` by Jacobi-preconditioned conjugate
     gradients on the rows' Hessian ``H = ∇²U_m(θ̂)`` (prior included; ``diag`` is ``D``, the
-    diagonal of ``H``), and the relative residuals."""
+    diagonal of ``H``), the relative residuals, and the least curvature the search directions
+    met, ``min pᵀHp / pᵀDp`` (negative: ``H`` is not positive definite, ``θ̂`` no mode) with its
+    direction."""
     args, kwargs = structure.rebuild(arrays)
     grad = jax.grad(lambda x: potential(spec, layout.unravel(x), batch, args, kwargs))
     hvp = jax.vmap(lambda v: jax.jvp(grad, (zf,), (v,))[1])
@@ -528,19 +562,25 @@ def _preconditioned_solves(spec, structure, layout, iterations, zf, diag, probes
     r = rhs - hvp(x)
     p = r / diag
     rz = jnp.sum(r * p, axis=1)
+    least = (jnp.full(rz.shape, jnp.inf, zf.dtype), p)
+    first = jnp.sum(p * p * diag, axis=1)  # a converged solve's directions shrink to nothing
 
     def body(_, state):
-        x, r, p, rz = state
+        x, r, p, rz, least = state
         Ap = hvp(p)
-        alpha = rz / jnp.maximum(jnp.sum(p * Ap, axis=1), tiny)
+        pAp, pDp = jnp.sum(p * Ap, axis=1), jnp.sum(p * p * diag, axis=1)
+        met = jnp.where(pDp > 1e-12 * first, pAp / jnp.maximum(pDp, tiny), jnp.inf)
+        lower = met < least[0]
+        least = (jnp.where(lower, met, least[0]), jnp.where(lower[:, None], p, least[1]))
+        alpha = rz / jnp.maximum(pAp, tiny)
         x = x + alpha[:, None] * p
         r = r - alpha[:, None] * Ap
         z = r / diag
         rz_new = jnp.sum(r * z, axis=1)
-        return x, r, z + (rz_new / jnp.maximum(rz, tiny))[:, None] * p, rz_new
+        return x, r, z + (rz_new / jnp.maximum(rz, tiny))[:, None] * p, rz_new, least
 
-    x, r, _, _ = lax.fori_loop(0, iterations, body, (x, r, p, rz))
-    return x, jnp.linalg.norm(r, axis=1) / jnp.linalg.norm(rhs, axis=1)
+    x, r, _, _, least = lax.fori_loop(0, iterations, body, (x, r, p, rz, least))
+    return x, jnp.linalg.norm(r, axis=1) / jnp.linalg.norm(rhs, axis=1), least
 
 
 def correlations(problem, mode, info, max_rows=CORRELATION_ROWS, num_probes=PROBES,
@@ -592,10 +632,19 @@ def correlations(problem, mode, info, max_rows=CORRELATION_ROWS, num_probes=PROB
     for sample in samples:
         indices = {k: host.device_array(v, np.int32) for k, v in sample.items()}
         local, batch = rows_in_memory(arrays, spec.plates, Batch(indices))
-        x, _ = _preconditioned_solves(
+        x, _, (met, direction) = _preconditioned_solves(
             spec, structure, layout, int(iterations), zf, host.device_array(diag, zf.dtype),
             host.device_array(probes, zf.dtype), batch, local,
         )  # fmt: skip
+        met, worst = np.asarray(met, np.float64), int(np.argmin(np.asarray(met)))
+        if met[worst] < -NEGATIVE_CURVATURE:  # the solves' curvature: H is not positive definite
+            weights = np.abs(np.sqrt(diag) * np.asarray(direction[worst], np.float64))
+            names = layout.names()
+            raise NotPositiveDefinite(
+                [names[k] for k in np.flatnonzero(weights >= 0.3 * np.max(weights))],
+                f"the Hessian of the potential has curvature {met[worst]:.3g} (relative to its "
+                "diagonal) along a direction its conjugate gradients met",
+            )
         x = np.asarray(x, np.float64)
         cross.append(x * probes * np.sqrt(diag))  # per probe: D_jj (H⁻¹)_jj, unbiased for H
         second.append(diag * x**2)  # per probe: (D^{1/2}H⁻¹DH⁻¹D^{1/2})_jj
@@ -820,7 +869,7 @@ def _newton_direction(problem, x, g, J, num_rows, fallback, dtype, iterations=10
     rows = Batch({k: host.device_array(v, np.int32) for k, v in indices.items()})
     arrays, structure = split_args(problem.model_args, problem.model_kwargs)
     arrays, rows = rows_in_memory(arrays, spec.plates, rows)
-    step, residual = _preconditioned_solves(
+    step, residual, _ = _preconditioned_solves(
         spec, structure, layout, int(iterations), host.device_array(x, dtype),
         host.device_array(diag, dtype), host.device_array((n * g / np.sqrt(diag))[None], dtype),
         rows, arrays,
