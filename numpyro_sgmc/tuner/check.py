@@ -614,6 +614,12 @@ def _independent(prepared, report, mean, args, kwargs, rng_key):
     error = np.sqrt(prediction_error(info, report.weights) ** 2 + nonlinear**2)
     if info.kind == "diagonal":  # what a diagonal J leaves out, from fresh rows and probes
         problem = Problem(prepared, args, kwargs, None, key)
-        linked = correlations(problem, params, info)
+        try:
+            linked = correlations(problem, params, info)
+        except ValueError as err:  # its Hessian curves down there: no Laplace picture
+            return (
+                "The correlations at the run's mean cannot be measured, so the run is not "
+                f"where a Laplace picture holds: {err}"
+            )
         sd, error = sd * np.sqrt(linked.inflation), with_correlations(error, linked, report.weights)
     return sd, error

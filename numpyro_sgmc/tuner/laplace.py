@@ -640,10 +640,12 @@ def correlations(problem, mode, info, max_rows=CORRELATION_ROWS, num_probes=PROB
         if met[worst] < -NEGATIVE_CURVATURE:  # the solves' curvature: H is not positive definite
             weights = np.abs(np.sqrt(diag) * np.asarray(direction[worst], np.float64))
             names = layout.names()
+            sites = [names[k] for k in np.flatnonzero(weights >= 0.3 * np.max(weights))]
             raise NotPositiveDefinite(
-                [names[k] for k in np.flatnonzero(weights >= 0.3 * np.max(weights))],
+                sites,
                 f"the Hessian of the potential has curvature {met[worst]:.3g} (relative to its "
-                "diagonal) along a direction its conjugate gradients met",
+                f"diagonal) in the direction of {', '.join(sites[:8])}"
+                + (f" and {len(sites) - 8} more" if len(sites) > 8 else ""),
             )
         x = np.asarray(x, np.float64)
         cross.append(x * probes * np.sqrt(diag))  # per probe: D_jj (H⁻¹)_jj, unbiased for H
