@@ -438,7 +438,7 @@ def _check_masked(spec, z, model_args, model_kwargs, nonfinite):
             validation.refuse_nonfinite(found)  # not among the arrays, or not read by rows here
         if k in plate_of:  # else used whole: every batch holds all of it
             found_in.setdefault(plate_of[k], []).append(found)
-    cut = list(first_rows(arrays, spec.plates))
+    cut = list(arrays)  # every per-row argument is cut below
     for name in set(fed.plates):
         b = next(p.batch_size for p in spec.plates if p.name == name)
         share = -(-b // len(found_in.get(name, [None])))  # each argument's part of the batch
@@ -464,9 +464,13 @@ def _finite_on(spec, structure, z, arrays):
     """Whether the potential and its gradient at ``z`` are finite on the first batch of
     ``arrays`` (:func:`_check_masked`: one program, not an op-by-op evaluation)."""
     args, kwargs = structure.rebuild(arrays)
-    batch = first_batch(spec.plates)
     with numpyro.validation_enabled(False):
-        value, grad = jax.value_and_grad(lambda z: potential(spec, z, batch, args, kwargs))(z)
+        return _finite_potential(spec, z, first_batch(spec.plates), args, kwargs)
+
+
+def _finite_potential(spec, z, batch, args, kwargs):
+    """``(value finite, gradient finite)`` of the potential at ``z`` on ``batch``."""
+    value, grad = jax.value_and_grad(lambda z: potential(spec, z, batch, args, kwargs))(z)
     return jnp.isfinite(value), jnp.all(
         jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grad)])
     )
@@ -546,11 +550,8 @@ def _start(spec, structure, strategy, keys, attempt, arrays, values=None):
             for name, site in model_trace.items()
             if site["type"] == "sample" and not site["is_observed"]
         }
-        value, grad = jax.value_and_grad(lambda z: potential(spec, z, batch, args, kwargs))(z)
-        finite = jnp.isfinite(value) & jnp.all(
-            jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grad)])
-        )
-        return z, finite
+        value_finite, grad_finite = _finite_potential(spec, z, batch, args, kwargs)
+        return z, value_finite & grad_finite
 
     return jax.vmap(one)(keys)
 
