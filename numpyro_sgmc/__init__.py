@@ -13,6 +13,7 @@ tuning for a named target (Table 1, §4) and predicts its covariance and mixing;
 
 from numpyro_sgmc import bde, calibration, diagnostics, theory
 from numpyro_sgmc.cache import enable_compilation_cache
+from numpyro_sgmc.cpu_linalg import avoid_parallel_lapack
 from numpyro_sgmc.data.batches import shuffle_rows
 from numpyro_sgmc.data.on_disk import shuffle_to_disk
 from numpyro_sgmc.data.sharding import shard_data
@@ -28,6 +29,10 @@ from numpyro_sgmc.tuner.tuning import autotune
 from numpyro_sgmc.tuner.warmstart import warm_start
 
 __version__ = "0.2.0"
+
+# jaxlib 0.10-0.11's batched LAPACK kernels can deadlock XLA's CPU thread pool: a tuner's
+# vmapped potential of a MultivariateNormal model hung (numpyro_sgmc.cpu_linalg)
+avoid_parallel_lapack()
 
 __all__ = [
     "AdaSGHMC",
