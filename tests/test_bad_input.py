@@ -517,6 +517,38 @@ def test_pandas_lists_and_numpy_dtypes_give_the_same_draws(problem):
     )
 
 
+def grouped_logistic(group, y):
+    effect = numpyro.sample("effect", dist.Normal(0, 2).expand([4]).to_event(1))
+    with numpyro.plate("rows", group.shape[0], subsample_size=50):
+        g = numpyro.subsample(group, event_dim=0)
+        yb = numpyro.subsample(y, event_dim=0)
+        numpyro.sample("y", dist.Bernoulli(logits=effect[g]), obs=yb)
+
+
+def test_pandas_integer_group_indices_stay_integers():
+    """A pandas integer column indexing group effects (int64, nullable Int64, a category's
+    int8 codes) and a boolean or nullable outcome give the draws of the NumPy arrays; they
+    were made float and the model's indexing raised JAX's bare "Indexer must have integer or
+    boolean type"."""
+    rng = np.random.default_rng(0)
+    group = rng.integers(0, 4, 400)
+    y = (rng.random(400) < 0.3 + 0.1 * group).astype(np.float32)
+    kernel = SGLD(grouped_logistic, 1e-3)
+    reference = run_kernel(kernel, jax.random.key(1), group, y, num_samples=3).samples["effect"]
+    categories = pd.Series(pd.Categorical(np.array(list("abcd"))[group]))
+    for data in [
+        (pd.Series(group), pd.Series(y)),
+        (pd.Series(group).astype("Int64"), pd.Series(y.astype(bool))),
+        (categories.cat.codes, pd.Series(y.astype(int)).astype("Int64")),
+    ]:
+        got = run_kernel(kernel, jax.random.key(1), *data, num_samples=3).samples["effect"]
+        np.testing.assert_allclose(got, reference, rtol=1e-6)
+    with pytest.raises(TypeError) as err:
+        run_kernel(kernel, jax.random.key(1), categories, y, num_samples=3)
+    assert "argument 'group' (position 0) is a pandas Series that is not numeric" in str(err.value)
+    assert "x.cat.codes.to_numpy()" in str(err.value)
+
+
 def test_dense_preconditioner_with_nan(problem):
     bad = Dense(np.diag([1.0, np.nan, 1.0]))
     with pytest.raises(ValueError) as err:

@@ -190,21 +190,38 @@ def _is_pandas(x) -> bool:
 def _to_numpy(x, label: str) -> np.ndarray:
     """One array-like (pandas, a list of numbers, an object with ``__array__``) as NumPy."""
     if _is_pandas(x) and hasattr(x, "to_numpy"):
-        try:
-            # nullable pandas dtypes hold pd.NA: NaN here, reported by nonfinite_data
-            return np.asarray(x.to_numpy(dtype=np.float64, na_value=np.nan))
-        except (TypeError, ValueError):
-            columns = getattr(x, "columns", None)
-            what = ""
-            if columns is not None:
-                bad = [str(c) for c in x.select_dtypes(exclude=["number", "bool"]).columns]
-                what = f" (non-numeric columns {bad})"
-            raise TypeError(
-                f"Model {label} is a pandas {type(x).__name__} that is not numeric{what}. The "
-                "kernels need numbers: encode categories as integers or one-hot columns "
-                "(e.g. pd.get_dummies) and drop the text columns."
-            ) from None
+        numbers = _pandas_numbers(x)
+        if numbers is not None:
+            return numbers
+        columns = getattr(x, "columns", None)
+        what = ""
+        if columns is not None:
+            bad = [str(c) for c in x.select_dtypes(exclude=["number", "bool"]).columns]
+            what = f" (non-numeric columns {bad})"
+        elif str(x.dtype) == "category":
+            what = " (categorical: its integer codes, x.cat.codes.to_numpy(), index group effects)"
+        raise TypeError(
+            f"Model {label} is a pandas {type(x).__name__} that is not numeric{what}. The "
+            "kernels need numbers: encode categories as integers or one-hot columns "
+            "(e.g. pd.get_dummies) and drop the text columns."
+        )
     return np.asarray(x)
+
+
+def _pandas_numbers(x) -> Optional[np.ndarray]:
+    """A pandas object's numbers in the dtype NumPy gives its columns (integer group indices
+    stay integers), or ``None`` where a column is not numeric. Where a nullable column holds
+    ``pd.NA``: ``float64`` with NaN there (:func:`nonfinite_data` reports it)."""
+    dtypes = list(x.dtypes) if hasattr(x, "columns") else [x.dtype]
+    try:  # a nullable dtype (Int64, boolean, Float64) names its NumPy one
+        numpy_dtypes = [np.dtype(getattr(d, "numpy_dtype", d)) for d in dtypes]
+    except TypeError:  # category, string: not NumPy's
+        return None
+    if any(d.kind not in "biuf" for d in numpy_dtypes):
+        return None
+    if bool(np.asarray(x.isna()).any()):
+        return np.asarray(x.to_numpy(dtype=np.float64, na_value=np.nan))
+    return np.asarray(x.to_numpy(dtype=np.result_type(*numpy_dtypes)))
 
 
 def _canonical(x: np.ndarray, label: str) -> np.ndarray:
