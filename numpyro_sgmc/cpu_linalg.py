@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 from importlib.metadata import version
 
-from jax._src.lax import linalg
 from jax.interpreters import mlir
+from jax.lax import linalg
 
 __all__ = ["AFFECTED_JAXLIB", "avoid_parallel_lapack", "lapack_waits_on_its_pool"]
 
@@ -35,6 +35,7 @@ AFFECTED_JAXLIB = ((0, 10, 0), (0, 11, 2))
 """The jaxlib releases ``[first, end)`` whose LAPACK kernels wait on the pool they run in."""
 
 _PRIMITIVES = (linalg.cholesky_p, linalg.triangular_solve_p, linalg.lu_p)
+_lowered = set()  # the primitives whose CPU rule is already ours
 
 
 def lapack_waits_on_its_pool(jaxlib_version: str) -> bool:
@@ -63,9 +64,8 @@ def avoid_parallel_lapack() -> bool:
     cpu = mlir._platform_specific_lowerings["cpu"]
     for primitive in _PRIMITIVES:
         lapack, xla = cpu.get(primitive), mlir._lowerings.get(primitive)
-        if lapack is None or xla is None or getattr(lapack.rule, "avoids_pool", False):
+        if lapack is None or xla is None or primitive in _lowered:
             continue
-        rule = _one_matrix_or_xla(lapack.rule, xla.rule)
-        rule.avoids_pool = True
-        mlir.register_lowering(primitive, rule, platform="cpu")
+        mlir.register_lowering(primitive, _one_matrix_or_xla(lapack.rule, xla.rule), "cpu")
+        _lowered.add(primitive)
     return True
