@@ -24,6 +24,7 @@ eigendecompositions, SVDs and QR have no LAPACK-free lowering on CPU and keep th
 from __future__ import annotations
 
 import math
+import re
 from importlib.metadata import version
 
 from jax.interpreters import mlir
@@ -41,7 +42,7 @@ _lowered = set()  # the primitives whose CPU rule is already ours
 
 def lapack_waits_on_its_pool(jaxlib_version: str) -> bool:
     """Whether a jaxlib release is in :data:`AFFECTED_JAXLIB` (``"0.10.2"``: yes)."""
-    release = tuple(int(part) for part in jaxlib_version.split(".")[:3] if part.isdigit())
+    release = tuple(int(number) for number in re.findall(r"\d+", jaxlib_version)[:3])
     first, end = AFFECTED_JAXLIB
     return first <= release < end
 
