@@ -34,7 +34,8 @@ __all__ = ["AFFECTED_JAXLIB", "avoid_parallel_lapack", "lapack_waits_on_its_pool
 
 AFFECTED_JAXLIB = ((0, 10, 0), (0, 11, 2))
 """The jaxlib releases ``[first, end)`` whose LAPACK kernels wait on the pool they run in: the
-parallel path came with 0.10.0, 0.11.0 still has it, and 0.11.2 builds without it."""
+parallel path came with 0.10.0 and 0.11.0 still has it; releases from 0.11.2, built after its
+removal, are taken as fixed."""
 
 _PRIMITIVES = (linalg.cholesky_p, linalg.triangular_solve_p, linalg.lu_p)
 _lowered = set()  # the primitives whose CPU rule is already ours
