@@ -529,7 +529,7 @@ def test_pandas_integer_group_indices_stay_integers():
     """A pandas integer column indexing group effects (int64, nullable Int64, a category's
     int8 codes) and a boolean or nullable outcome give the draws of the NumPy arrays; they
     were made float and the model's indexing raised JAX's bare "Indexer must have integer or
-    boolean type"."""
+    boolean type". A categorical is refused, naming its codes."""
     rng = np.random.default_rng(0)
     group = rng.integers(0, 4, 400)
     y = (rng.random(400) < 0.3 + 0.1 * group).astype(np.float32)
@@ -543,6 +543,11 @@ def test_pandas_integer_group_indices_stay_integers():
     ]:
         got = run_kernel(kernel, jax.random.key(1), *data, num_samples=3).samples["effect"]
         np.testing.assert_allclose(got, reference, rtol=1e-6)
+    # one-hot columns, sparse ones too (pd.get_dummies(..., sparse=True)), are their numbers
+    (dummies,), _ = validation.as_arrays(
+        lambda X: X, (pd.get_dummies(categories, sparse=True),), {}
+    )
+    np.testing.assert_array_equal(dummies, np.eye(4, dtype=bool)[group])
     with pytest.raises(TypeError) as err:
         run_kernel(kernel, jax.random.key(1), categories, y, num_samples=3)
     assert "argument 'group' (position 0) is a pandas Series that is not numeric" in str(err.value)

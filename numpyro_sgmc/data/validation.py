@@ -213,15 +213,20 @@ def _pandas_numbers(x) -> Optional[np.ndarray]:
     stay integers), or ``None`` where a column is not numeric. Where a nullable column holds
     ``pd.NA``: ``float64`` with NaN there (:func:`nonfinite_data` reports it)."""
     dtypes = list(x.dtypes) if hasattr(x, "columns") else [x.dtype]
-    try:  # a nullable dtype (Int64, boolean, Float64) names its NumPy one
-        numpy_dtypes = [np.dtype(getattr(d, "numpy_dtype", d)) for d in dtypes]
+    try:  # a nullable dtype (Int64, boolean, Float64) names its NumPy one, a sparse one its values
+        numpy_dtypes = [
+            np.dtype(getattr(d, "numpy_dtype", getattr(d, "subtype", d))) for d in dtypes
+        ]
     except TypeError:  # category, string: not NumPy's
         return None
     if any(d.kind not in "biuf" for d in numpy_dtypes):
         return None
-    if bool(np.asarray(x.isna()).any()):
-        return np.asarray(x.to_numpy(dtype=np.float64, na_value=np.nan))
-    return np.asarray(x.to_numpy(dtype=np.result_type(*numpy_dtypes)))
+    try:
+        if bool(np.asarray(x.isna()).any()):
+            return np.asarray(x.to_numpy(dtype=np.float64, na_value=np.nan))
+        return np.asarray(x.to_numpy(dtype=np.result_type(*numpy_dtypes)))
+    except (TypeError, ValueError):  # an interval's bounds are numbers, the interval is not
+        return None
 
 
 def _canonical(x: np.ndarray, label: str) -> np.ndarray:
