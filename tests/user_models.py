@@ -65,6 +65,39 @@ def make_hierarchical(seed=0, n=20_000, num_groups=20):
     return (X, group, y), {"num_groups": num_groups}
 
 
+def unequal_groups_poisson(X, group, y=None, num_groups=400):
+    """Centred group intercepts under a half-Cauchy scale, Poisson counts, two covariates."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    tau = numpyro.sample("tau", dist.HalfCauchy(1.0))
+    beta = numpyro.sample("beta", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("groups", num_groups):
+        alpha = numpyro.sample("alpha", dist.Normal(mu, tau))
+    with numpyro.plate("data", X.shape[0], subsample_size=500):
+        Xb = numpyro.subsample(X, event_dim=1)
+        gb = numpyro.subsample(group, event_dim=0)
+        yb = None if y is None else numpyro.subsample(y, event_dim=0)
+        numpyro.sample("y", dist.Poisson(jnp.exp(alpha[gb] + Xb @ beta)), obs=yb)
+
+
+def make_unequal_groups(seed=1, num_groups=400, num_thin=30, num_large=10, n=20_000):
+    """Groups of log-uniform sizes from 2 rows up, ``num_thin`` of them of 2-3 rows and
+    ``num_large`` of n/40-n/20 rows, the rest scaled to about ``n`` rows in all; a covariate
+    on a raw scale (mean 200, sd 1000)."""
+    rng = np.random.default_rng(seed)
+    sizes = np.round(np.exp(rng.uniform(np.log(2), np.log(2000), num_groups))).astype(int)
+    sizes[:num_thin] = rng.integers(2, 4, num_thin)
+    sizes[num_thin : num_thin + num_large] = rng.integers(n // 40, n // 20, num_large)
+    rest = n - sizes[: num_thin + num_large].sum()
+    middle = sizes[num_thin + num_large :] * rest / sizes[num_thin + num_large :].sum()
+    sizes[num_thin + num_large :] = np.maximum(2, np.round(middle))
+    group = rng.permutation(np.repeat(np.arange(num_groups), sizes))
+    alpha = rng.normal(0.5, 0.7, num_groups)
+    X = np.column_stack([rng.normal(0, 1, group.size), rng.normal(200, 1000, group.size)])
+    y = rng.poisson(np.exp(alpha[group] + X @ np.array([0.3, 3e-4])))
+    args = (X.astype(np.float32), group.astype(np.int32), y.astype(np.float32))
+    return args, {"num_groups": num_groups}
+
+
 def poisson_raw(X, y=None):
     """Poisson regression on covariates on their raw scales (an age in years, an income in
     dollars), with an intercept."""
