@@ -15,6 +15,8 @@ from numpyro.infer import MCMC
 
 from numpyro_sgmc import autotune, check_run
 from numpyro_sgmc.diagnostics import RunCheckWarning
+from numpyro_sgmc.scales import Dense
+from numpyro_sgmc.tuner.laplace import Nonlinearity, unplaced_means
 from problems import logistic_regression
 
 
@@ -135,3 +137,27 @@ def test_the_mean_a_run_is_checked_against_is_the_skewed_posteriors(events):
     exact = (digamma(alpha) - np.log(alpha)) / laplace_sd
     expected = mean_shift(report.nonlinearity, 1)[0] / laplace_sd
     assert exact < -0.15 and abs(expected - exact) < 0.05, (expected, exact)
+
+
+def test_the_means_a_marginal_beyond_its_probes_moves_are_not_placed():
+    """A marginal path whose profile is not normalisable (``profile_ratio = inf``: the
+    marginal's mass beyond the probes) places no mean: its parameter and those its steps move
+    by a quarter of their sd or more are unplaced; a normalisable path and a widest direction
+    (whose unbounded profile is a finding of its own: no finite mode) place theirs."""
+    sds = np.array([1.0, 2.0, 1.0, 4.0])
+    corr = np.array([1.0, 0.6, 0.1, 0.0])  # of each parameter with parameter 0
+    covariance = np.diag(sds**2)
+    covariance[0, 1:] = covariance[1:, 0] = corr[1:] * sds[1:]  # Σ_0i = corr · sd_0 · sd_i
+    target = Dense(covariance)
+    column = covariance[:, 0]
+    path = dict(
+        direction=column / np.linalg.norm(column), label="tau", sd=np.linalg.norm(column),
+        steps=np.array([-2.0, -1.0, 1.0, 2.0]), rises=np.array([7.4, 3.1, -2.1, -3.3]),
+        sd_ratio=np.inf, parameter=0,
+    )  # fmt: skip
+    beyond = Nonlinearity(profile_ratio=np.inf, **path)
+    np.testing.assert_array_equal(unplaced_means([beyond], target), [True, True, False, False])
+    placed = Nonlinearity(profile_ratio=1.3, **{**path, "sd_ratio": 1.3, "mean_shift": 1.4})
+    assert not unplaced_means([placed], target).any()
+    widest = beyond._replace(parameter=None)
+    assert not unplaced_means([widest], target).any()

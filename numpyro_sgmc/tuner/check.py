@@ -48,6 +48,7 @@ from numpyro_sgmc.tuner.laplace import (
     linearity_error,
     mean_shift,
     prediction_error,
+    unplaced_means,
     with_correlations,
 )
 
@@ -86,7 +87,9 @@ class RunCheck(NamedTuple):
     :param mean_offset: ``(d,)`` (run mean - tuning mode) / run sd.
     :param expected_offset: ``(d,)`` the same for the posterior's mean as the tuner's
         profiles place it (:func:`~numpyro_sgmc.tuner.laplace.mean_shift`; a skewed
-        posterior's mean is not at its mode); zeros where the posterior is near-Gaussian.
+        posterior's mean is not at its mode); zeros where the posterior is near-Gaussian,
+        and where the profiles cannot place it (a marginal whose mass lies beyond the probes:
+        those means are in ``unchecked``, not compared).
     :param r_hat: ``(d,)`` split R-hat over the chains.
     :param autocorrelation: ``(d,)`` empirical integrated autocorrelation time per draw.
     :param predicted_autocorrelation: ``(d,)`` the prediction per draw.
@@ -96,7 +99,7 @@ class RunCheck(NamedTuple):
     :param list findings: what is wrong, each with its numbers and cause; empty if nothing.
     :param list notes: what limits the check (short runs, a noisy prediction, no data).
     :param list unchecked: why some sds could not be checked (every reference for them has an
-        error above 20%); empty if every sd was checked.
+        error above 20%), or some means (the tuner cannot place them); empty if all were.
     """
 
     names: list
@@ -284,6 +287,7 @@ def check_run(
             )
     findings += _chain_findings(names, run, critical, num_chains * num_draws, num_diverging)
     unchecked = [] if findings else _unchecked(names, report, run.pred_error, indep_error)
+    unchecked += [] if findings else _unplaced(names, run)
     _limits(notes, report, names, run.run_error, run.pred_error, run.ess, bool(unchecked))
     if indep_error is not None and report.information.num_rows >= report.num_data:
         notes.append(
@@ -364,6 +368,22 @@ def _unchecked(names, report, pred_error, indep_error) -> list:
     ]
 
 
+def _unplaced(names, run) -> list:
+    """Why the means the tuner's profiles cannot place (a marginal's mass beyond its probes,
+    the ``LinearizationWarning``) are not compared: nothing says where they should be."""
+    if not run.unplaced.any():
+        return []
+    j = int(np.argmax(np.where(run.unplaced, np.abs(run.offset), -np.inf)))
+    count = int(run.unplaced.sum())
+    return [
+        f"{count} of {len(names)} means {'has' if count == 1 else 'have'} no reference "
+        f"(worst {names[j]}, {run.offset[j]:+.3g} posterior sds from the mode the tuning "
+        "linearised at): the tuner found a marginal's mass beyond its probes (the "
+        "LinearizationWarning), so it cannot say where these means lie; the run's means "
+        "there are neither confirmed nor refuted. Compare the run with NUTS on the same data."
+    ]
+
+
 class _RunStatistics(NamedTuple):
     """What the draws say, in the report's form (dense or diagonal), per parameter."""
 
@@ -379,6 +399,7 @@ class _RunStatistics(NamedTuple):
     mean: np.ndarray
     offset: np.ndarray
     expected_offset: np.ndarray
+    unplaced: np.ndarray
     r_hat: np.ndarray
     num_draws: int
 
@@ -415,6 +436,7 @@ def _statistics(draws, report) -> _RunStatistics:
         mean=mean,
         offset=(mean - np.asarray(report.layout.ravel(report.mode), np.float64)) / run_sd,
         expected_offset=mean_shift(report.nonlinearity, d) / np.where(run_sd > 0, run_sd, np.inf),
+        unplaced=unplaced_means(report.nonlinearity, report.target_covariance),
         r_hat=np.asarray(split_gelman_rubin(draws), np.float64),
         num_draws=total,
     )
@@ -473,7 +495,7 @@ def _chain_findings(names, run, critical, total, num_diverging) -> list:
             "from the target: use the tuned step, or a smaller one."
         )
     miss = np.abs(run.offset - run.expected_offset) - critical * np.sqrt(run.tau / total)
-    far = miss > _MEAN_OFFSET + _SHIFT_ERROR * np.abs(run.expected_offset)
+    far = (miss > _MEAN_OFFSET + _SHIFT_ERROR * np.abs(run.expected_offset)) & ~run.unplaced
     if far.any():
         j = int(np.argmax(np.where(far, miss, -np.inf)))
         expected = run.expected_offset[j]

@@ -95,6 +95,7 @@ __all__ = [
     "prediction_error",
     "profile_moments",
     "sample_misses",
+    "unplaced_means",
 ]
 
 # dense J, I and Γ up to this many parameters: O(d²) memory, d Hessian-vector products per
@@ -1534,6 +1535,21 @@ def linearity_error(findings, target) -> np.ndarray:
         # the effect on the sd, once: a path's Hessians see every parameter
         error = error + 0.5 * change / np.maximum(variances, 1e-300)
     return np.minimum(error, 1.0)
+
+
+def unplaced_means(findings, target) -> np.ndarray:
+    """``(d,)`` bool: the parameters whose posterior mean the profiles cannot place. A
+    marginal path whose profile is not normalisable within its probes (the marginal's mass
+    beyond them: a centred hierarchy's scale over thinly observed groups) has no
+    :attr:`Nonlinearity.mean_shift` (0 there): the path's parameter and those its steps move
+    by a quarter of their sd or more (``σ|v_i| ≥ ¼ sqrt(Σ_ii)``) have their means somewhere
+    along it, unknown how far."""
+    sds = np.sqrt(np.asarray(target.diagonal(), np.float64))
+    unplaced = np.zeros(sds.shape, bool)
+    for f in findings:
+        if f.parameter is not None and not np.isfinite(f.profile_ratio):
+            unplaced |= f.sd * np.abs(np.asarray(f.direction, np.float64)) >= 0.25 * sds
+    return unplaced
 
 
 def mean_shift(findings, d: int) -> np.ndarray:
