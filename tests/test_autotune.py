@@ -787,13 +787,18 @@ def test_newton_steps_at_a_saddle_say_so():
     there, ``J`` is indefinite (a saddle). The steps divided by the previous step's length,
     zero (a ZeroDivisionError); now the warning says a saddle or a ridge was reached, not that
     the steps "did not reach" a mode a step of 0 sds away, and the error names the
-    directions."""
+    directions, the saddle (it said the steps "did not settle") and the start away from it."""
     from numpyro_sgmc.diagnostics import ConvergenceWarning
 
     y = (2.0 + np.random.default_rng(0).standard_normal(2000)).astype(np.float32)
     with pytest.warns(ConvergenceWarning, match="a saddle or a ridge, not a mode"):
-        with pytest.raises(ValueError, match="not positive definite in the direction of a, b"):
+        with pytest.raises(ValueError) as error:
             autotune(product_of_two, KEY, y, warm_start_epochs=0.05, learning_rate=1e-9)
+    message = str(error.value)
+    assert "settled where the gradient is zero" in message, message
+    assert "curves downwards there in the direction of a, b" in message
+    assert "a saddle point, not a mode" in message and "the a and b of a product" in message
+    assert "init_to_value(values=...) with those sites away from 0" in message
 
 
 @pytest.mark.slow  # 10-23 s: the quick suite's 10 minutes
@@ -874,7 +879,8 @@ def test_large_data_in_memory_reach_the_device_once(capfd):
 def test_where_the_newton_steps_from_the_start_do_not_settle_adam_runs_first(counts, monkeypatch):
     """By default the Newton steps start from the model's start; where they do not settle
     (forced here), Adam runs and the steps start again from its mode: the tuning is that of
-    Adam first, and the attempt's passes count in the setup."""
+    Adam first, and the attempt's passes count in the setup. Where they do not settle from
+    Adam's mode either (forced), Adam runs 45 epochs more from there first."""
     from numpyro_sgmc.tuner import tuning
     from numpyro_sgmc.tuner.laplace import PolishNotSettled
 
@@ -887,10 +893,10 @@ def test_where_the_newton_steps_from_the_start_do_not_settle_adam_runs_first(cou
 
     fit = tuning.fit
 
-    def unsettled_from_start(problem, warm, weights, must_settle=False):
-        if must_settle:
+    def unsettled_from_start(problem, warm, weights, must_settle=False, from_start=False):
+        if from_start:
             raise PolishNotSettled(7.0)
-        return fit(problem, warm, weights)
+        return fit(problem, warm, weights, must_settle=must_settle)
 
     monkeypatch.setattr(tuning, "fit", unsettled_from_start)
     _, fallback = autotune(poisson_regression, KEY, X, y)
@@ -898,3 +904,16 @@ def test_where_the_newton_steps_from_the_start_do_not_settle_adam_runs_first(cou
     np.testing.assert_array_equal(fallback.predicted_sd, adam.predicted_sd)
     # the attempt's 7 epochs and its pass at the start
     assert fallback.setup_epochs == pytest.approx(adam.setup_epochs + 8.0)
+
+    def unsettled_but_at_last(problem, warm, weights, must_settle=False, from_start=False):
+        if must_settle:
+            raise PolishNotSettled(7.0)
+        return fit(problem, warm, weights)
+
+    monkeypatch.setattr(tuning, "fit", unsettled_but_at_last)
+    _, longer = autotune(poisson_regression, KEY, X, y)
+    assert longer.warm_start.num_epochs == tuning.LONGER_WARM_START_EPOCHS
+    np.testing.assert_allclose(longer.predicted_sd, adam.predicted_sd, rtol=0.01)
+    # the two attempts' 7 epochs, the start's pass, the first Adam's 5 epochs and its pass,
+    # then the 45 epochs and their pass
+    assert longer.setup_epochs > 7 + 1 + 7 + 5 + 1 + 45 + 1

@@ -127,6 +127,10 @@ SETTLING_SDS = 0.2
 """Distance to the mode (posterior sds) within which the Newton polish may take its last
 step unconfirmed, where the steps' contraction predicts it lands within ``tol/4``."""
 
+SADDLE_SDS = 0.05
+"""A last Newton step at most this long (:func:`newton_polish`'s ``tol``) where ``J +
+J_prior`` is not positive definite: the gradient vanishes there, a saddle point."""
+
 
 class Problem(NamedTuple):
     """What every step of the tuner reads.
@@ -204,12 +208,16 @@ class Fit(NamedTuple):
     unreached_diagonal: bool = False
 
 
-def fit(problem: Problem, warm, weights, must_settle: bool = False) -> Fit:
+def fit(
+    problem: Problem, warm, weights, must_settle: bool = False, from_start: bool = False
+) -> Fit:
     """The local picture for ``weights`` (module docstring).
 
     ``must_settle``: raise :class:`PolishNotSettled`, without a warning, where the Newton
-    steps do not settle at a mode or fail on the way (``warm`` is then the model's start, not
-    an optimizer's mode: :func:`~numpyro_sgmc.autotune` runs the optimizer and fits again)."""
+    steps do not settle at a mode or fail on the way (:func:`~numpyro_sgmc.autotune` then runs
+    the optimizer, or runs it longer, and fits again). ``from_start``: ``warm`` is the model's
+    start, not an optimizer's mode: more estimates of ``J`` on the way
+    (:data:`START_CURVATURES`), and rows saturated there are not refused as non-smooth."""
     prepared, options = problem.prepared, problem.options
     n, d = prepared.num_data, prepared.layout.size
     dense = d <= DENSE_MAX_DIM if options.dense is None else bool(options.dense)
@@ -226,7 +234,7 @@ def fit(problem: Problem, warm, weights, must_settle: bool = False) -> Fit:
                 num_rows=rows, kind=kind, regularize=regularize, num_probes=probes,
             )  # fmt: skip
             visited += info.num_rows
-            if not must_settle:  # from the start, rows may be saturated (a logit of 10⁴)
+            if not from_start:  # from the start, rows may be saturated (a logit of 10⁴)
                 _refuse_non_smooth(info)
             # a diagonal of correlated parameters from random probes is noisy, and as the
             # Newton direction's preconditioner it stalls the conjugate gradients: exact
@@ -254,8 +262,9 @@ def fit(problem: Problem, warm, weights, must_settle: bool = False) -> Fit:
     u = None if warm.potential is None else float(warm.potential[warm.best])
     # a sample's mode lies about sqrt(d (n/m - 1)) posterior sds from the data's
     apart = 0.0 if warm.sample_size is None else math.sqrt(d * (n / warm.sample_size - 1.0))
-    # from the start, more estimates of J (START_CURVATURES), and no warning where they fail
-    start = {"max_curvatures": START_CURVATURES, "warn_unsettled": False} if must_settle else {}
+    # from the start, more estimates of J (START_CURVATURES); no warning where they must settle
+    start = {"max_curvatures": START_CURVATURES} if from_start else {}
+    start.update({"warn_unsettled": False} if must_settle else {})
     try:
         mode, distance, passes, info, exact, settled, remaining, rough = newton_polish(
             problem, warm.member(warm.best), gradient, info_at, potential=u, distance=apart,
@@ -268,7 +277,9 @@ def fit(problem: Problem, warm, weights, must_settle: bool = False) -> Fit:
     if must_settle and not settled:
         raise PolishNotSettled(passes + visited / n)
     unreached = 0.0 if settled else remaining
-    with _no_mode_unless(settled):  # where the steps stopped short
+    # steps that stopped short where the gradient vanishes: a saddle (newton_polish's warning)
+    stationary = not settled and remaining <= SADDLE_SDS
+    with _no_mode_unless(settled, stationary):  # where the steps stopped short
         if info is None or info.regularization > 0 or options.regularize is not None:
             info = info_at(mode)  # the curvature at the mode, with the user's regularisation
         while True:
@@ -330,7 +341,7 @@ def fit(problem: Problem, warm, weights, must_settle: bool = False) -> Fit:
             except NotPositiveDefinite as error:
                 if not settled:  # _no_mode_unless: where the steps stopped short
                     raise
-                raise ValueError(_saddle(error.sites)) from error
+                raise ValueError(_saddle(error.sites, _CONJUGATE)) from error
             visited += linked.num_rows
             error = with_correlations(error, linked, weights)
     return Fit(
@@ -396,15 +407,18 @@ def _exact_diagonal_wanted(info, probes, d) -> bool:
 
 
 @contextmanager
-def _no_mode_unless(settled: bool):
+def _no_mode_unless(settled: bool, stationary: bool = False):
     """Where the polish did not settle, a ``J + J_prior`` not positive definite or terms not
     finite at the point it reached say there is no mode, not that the user's params are bad
-    (the point is the tuner's own): :func:`_no_mode`."""
+    (the point is the tuner's own): :func:`_no_mode`; where the gradient vanishes there
+    (``stationary``), a saddle: :func:`_saddle`."""
     try:
         yield
     except NotPositiveDefinite as error:
         if settled:
             raise
+        if stationary:
+            raise ValueError(_saddle(error.sites, _INDEFINITE)) from error
         raise ValueError(_no_mode(_NOT_POSITIVE.format(", ".join(error.sites)))) from error
     except NotFinite as error:
         if settled:
@@ -412,22 +426,30 @@ def _no_mode_unless(settled: bool):
         raise ValueError(_no_mode(f"{error.what} are not finite")) from error
 
 
-def _saddle(sites) -> str:
-    """Why there is nothing to tune at where the polish settled at a saddle point, whose
-    negative curvature the diagonal ``J`` does not show (:func:`correlations` meets it)."""
+def _saddle(sites, how: str) -> str:
+    """Why there is nothing to tune at where the polish stopped at a saddle point: the
+    gradient zero, the curvature negative along ``sites`` (``how``: what showed it, the dense
+    ``J + J_prior`` or, for a diagonal ``J``, which does not show it, :func:`correlations`)."""
     named = ", ".join(sites[:8]) + (f" and {len(sites) - 8} more" if len(sites) > 8 else "")
     return (
         "autotune found no mode to linearise at: the damped Newton steps settled where the "
         "gradient is zero, but the potential curves downwards there in the direction of "
-        f"{named} (the conjugate gradients on its Hessian met negative curvature): "
-        "a saddle point, not a mode. A neural network started at its prior's mean (autotune's "
-        "default start, init_to_mean), where every hidden unit is the same, sits on one, and "
-        "no gradient step leaves it; its interchangeable and unused units give many modes and "
-        "saddles besides: sample a network as a deep ensemble (numpyro_sgmc.bde, with "
-        "step_size='auto') rather than through one Gaussian. For another model, start "
-        "elsewhere (init_strategy=init_to_value(values=...)) or run the warm start longer "
-        "(warm_start_epochs)."
+        f"{named} ({how}): a saddle point, not a mode. A start on a symmetry of the model "
+        "sits on one, and no gradient step leaves it: autotune's default start, the prior's "
+        "mean (init_to_mean), puts a neural network's hidden units all the same, and a "
+        "factor whose sign the likelihood does not see (a low-rank covariance's W in W Wᵀ, "
+        "the a and b of a product a·b) at 0. A network's interchangeable and unused units "
+        "give many modes and saddles besides: sample a network as a deep ensemble "
+        "(numpyro_sgmc.bde, with step_size='auto') rather than through one Gaussian. For "
+        "another model, start away from the symmetry: "
+        "init_strategy=init_to_value(values=...) with those sites away from 0 (the posterior "
+        "then has a mode and its mirror image; the run samples the one it starts at, which "
+        "is right for what the sign does not change, such as W Wᵀ)."
     )
+
+
+_INDEFINITE = "J + J_prior is not positive definite there"
+_CONJUGATE = "the conjugate gradients on its Hessian met negative curvature"
 
 
 def _no_mode(where: str) -> str:
