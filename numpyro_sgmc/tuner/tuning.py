@@ -104,10 +104,10 @@ LONGER_WARM_START_EPOCHS = 45.0
 """Epochs more of Adam, from where its first :data:`WARM_START_EPOCHS` stopped, where
 ``warm_start_epochs`` is not given, the data have at most
 :data:`~numpyro_sgmc.tuner.rows.WARM_START_SAMPLE_ROWS` rows, and the Newton steps do not
-settle from there: a Weibull
-regression on raw covariates (an age in years, an income in dollars; n = 5·10⁴) stopped 243
-posterior sds from its mode after 5 epochs, 20 Newton steps did not reach it, and
-``J + J_prior`` was not positive definite where they stopped; after 50 epochs they settle."""
+settle from there: a Weibull regression on raw covariates (an age in years, an income in
+dollars; n = 5·10⁴) stopped 243 posterior sds from its mode after 5 epochs, 20 Newton steps
+did not reach it, and ``J + J_prior`` was not positive definite where they stopped; after 50
+epochs they settle."""
 
 NEWTON_START_MAX_DIM = 1000
 """The most parameters for which :func:`autotune` tries Newton steps from the start itself
