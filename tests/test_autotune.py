@@ -917,3 +917,15 @@ def test_where_the_newton_steps_from_the_start_do_not_settle_adam_runs_first(cou
     # the two attempts' 7 epochs, the start's pass, the first Adam's 5 epochs and its pass,
     # then the 45 epochs and their pass
     assert longer.setup_epochs > 7 + 1 + 7 + 5 + 1 + 45 + 1
+    # where the longer run's loss turns non-finite, the last fit starts where the first stopped
+    optimise = tuning._optimise_to_mode
+
+    def diverging_if_longer(*args, **kwargs):
+        if len(args) > 5:
+            raise FloatingPointError("the optimizer's loss became non-finite")
+        return optimise(*args, **kwargs)
+
+    monkeypatch.setattr(tuning, "_optimise_to_mode", diverging_if_longer)
+    _, kept = autotune(poisson_regression, KEY, X, y)
+    assert kept.warm_start.num_epochs == 5
+    np.testing.assert_array_equal(kept.predicted_sd, fallback.predicted_sd)

@@ -264,12 +264,18 @@ def autotune(
         try:
             local = fit(problem, warm, weights, must_settle=True)
         except PolishNotSettled as stop:  # Adam longer, from where it stopped
-            abandoned += stop.epochs + warm.num_epochs + warm.num_restarts
+            abandoned += stop.epochs
             stopped = prepared._replace(init_params=warm.params)
-            warm = _optimise_to_mode(
-                stopped, key_warm, model_args, model_kwargs, options, LONGER_WARM_START_EPOCHS
-            )
-            problem = problem._replace(prepared=prepared._replace(init_params=warm.member(0)))
+            try:
+                longer_warm = _optimise_to_mode(
+                    stopped, key_warm, model_args, model_kwargs, options, LONGER_WARM_START_EPOCHS
+                )
+            except FloatingPointError:  # its loss turned non-finite on the way: fit from here
+                longer_warm = None
+            if longer_warm is not None:
+                abandoned += warm.num_epochs + warm.num_restarts
+                warm = longer_warm
+                problem = problem._replace(prepared=prepared._replace(init_params=warm.member(0)))
     if local is None:
         local = fit(problem, warm, weights)
     candidates, alternatives = _candidates(problem, local, weights)
