@@ -879,10 +879,12 @@ def test_large_data_in_memory_reach_the_device_once(capfd):
 def test_where_the_newton_steps_from_the_start_do_not_settle_adam_runs_first(counts, monkeypatch):
     """By default the Newton steps start from the model's start; where they do not settle
     (forced here), Adam runs and the steps start again from its mode: the tuning is that of
-    Adam first, and the attempt's passes count in the setup. Where they do not settle from
-    Adam's mode either (forced), Adam runs 45 epochs more from there first."""
+    Adam first, and the attempt's passes count in the setup. Where the fit from Adam's mode
+    finds no mode because its steps stopped short (forced), Adam runs 45 epochs more from
+    there, and the first attempt's warnings are not said."""
+    from numpyro_sgmc.diagnostics import ConvergenceWarning
     from numpyro_sgmc.tuner import tuning
-    from numpyro_sgmc.tuner.laplace import PolishNotSettled
+    from numpyro_sgmc.tuner.laplace import NoModeReached, PolishNotSettled
 
     X, y, _ = counts
     _, start = autotune(poisson_regression, KEY, X, y)
@@ -905,18 +907,27 @@ def test_where_the_newton_steps_from_the_start_do_not_settle_adam_runs_first(cou
     # the attempt's 7 epochs and its pass at the start
     assert fallback.setup_epochs == pytest.approx(adam.setup_epochs + 8.0)
 
-    def unsettled_but_at_last(problem, warm, weights, must_settle=False, from_start=False):
-        if must_settle:
+    def no_mode_at_first(problem, warm, weights, must_settle=False, from_start=False):
+        if from_start:
             raise PolishNotSettled(7.0)
+        attempts.append(warm.num_epochs)
+        if len(attempts) == 1:
+            warnings.warn("the first attempt's", ConvergenceWarning, stacklevel=2)
+            raise NoModeReached("J + J_prior is not positive definite where the steps stopped")
         return fit(problem, warm, weights)
 
-    monkeypatch.setattr(tuning, "fit", unsettled_but_at_last)
-    _, longer = autotune(poisson_regression, KEY, X, y)
+    attempts = []
+    monkeypatch.setattr(tuning, "fit", no_mode_at_first)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        _, longer = autotune(poisson_regression, KEY, X, y)
+    assert attempts == [5, tuning.LONGER_WARM_START_EPOCHS]
     assert longer.warm_start.num_epochs == tuning.LONGER_WARM_START_EPOCHS
+    assert not any("the first attempt's" in str(w.message) for w in said)  # not said: stale
     np.testing.assert_allclose(longer.predicted_sd, adam.predicted_sd, rtol=0.01)
-    # the two attempts' 7 epochs, the start's pass, the first Adam's 5 epochs and its pass,
+    # the attempt's 7 epochs and the start's pass, the first Adam's 5 epochs and its pass,
     # then the 45 epochs and their pass
-    assert longer.setup_epochs > 7 + 1 + 7 + 5 + 1 + 45 + 1
+    assert longer.setup_epochs > 7 + 1 + 5 + 1 + 45 + 1
     # where the longer run's loss turns non-finite, the last fit starts where the first stopped
     optimise = tuning._optimise_to_mode
 
@@ -925,7 +936,8 @@ def test_where_the_newton_steps_from_the_start_do_not_settle_adam_runs_first(cou
             raise FloatingPointError("the optimizer's loss became non-finite")
         return optimise(*args, **kwargs)
 
+    attempts = []
     monkeypatch.setattr(tuning, "_optimise_to_mode", diverging_if_longer)
     _, kept = autotune(poisson_regression, KEY, X, y)
-    assert kept.warm_start.num_epochs == 5
+    assert attempts == [5, 5] and kept.warm_start.num_epochs == 5
     np.testing.assert_array_equal(kept.predicted_sd, fallback.predicted_sd)

@@ -82,6 +82,7 @@ __all__ = [
     "UNREACHED_SDS",
     "Correlations",
     "Fit",
+    "NoModeReached",
     "Nonlinearity",
     "PolishNotSettled",
     "Problem",
@@ -149,6 +150,13 @@ class Problem(NamedTuple):
     model_kwargs: dict
     options: Optional[AutotuneOptions]
     rng_key: object
+
+
+class NoModeReached(ValueError):
+    """``fit`` found no mode where the Newton steps stopped short: ``J + J_prior`` not positive
+    definite there, or terms not finite, at a point where the gradient does not vanish (not a
+    saddle) and before any profile was measured. The mode may lie further on:
+    :func:`~numpyro_sgmc.autotune` runs its optimizer longer where it ran it."""
 
 
 class PolishNotSettled(Exception):
@@ -419,11 +427,11 @@ def _no_mode_unless(settled: bool, stationary: bool = False):
             raise
         if stationary:
             raise ValueError(_saddle(error.sites, _INDEFINITE)) from error
-        raise ValueError(_no_mode(_NOT_POSITIVE.format(", ".join(error.sites)))) from error
+        raise NoModeReached(_no_mode(_NOT_POSITIVE.format(", ".join(error.sites)))) from error
     except NotFinite as error:
         if settled:
             raise
-        raise ValueError(_no_mode(f"{error.what} are not finite")) from error
+        raise NoModeReached(_no_mode(f"{error.what} are not finite")) from error
 
 
 def _saddle(sites, how: str) -> str:

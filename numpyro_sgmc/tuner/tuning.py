@@ -49,6 +49,7 @@ control variates.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Callable, NamedTuple, Optional
 
 import jax
@@ -74,7 +75,13 @@ from numpyro_sgmc.scales import Diagonal
 from numpyro_sgmc.theory import InfeasibleTuning, rows_reaching, target_weights
 from numpyro_sgmc.theory.linear import GradientNoise
 from numpyro_sgmc.tuner.fisher import plate_noise
-from numpyro_sgmc.tuner.laplace import DENSE_MAX_DIM, PolishNotSettled, Problem, fit
+from numpyro_sgmc.tuner.laplace import (
+    DENSE_MAX_DIM,
+    NoModeReached,
+    PolishNotSettled,
+    Problem,
+    fit,
+)
 from numpyro_sgmc.tuner.options import AutotuneOptions
 from numpyro_sgmc.tuner.report import TuningReport
 from numpyro_sgmc.tuner.rows import (
@@ -261,21 +268,10 @@ def autotune(
             warm = _optimise_to_mode(prepared, key_warm, model_args, model_kwargs, options)
             problem = problem._replace(prepared=prepared._replace(init_params=warm.member(0)))
     if local is None and longer:
-        try:
-            local = fit(problem, warm, weights, must_settle=True)
-        except PolishNotSettled as stop:  # Adam longer, from where it stopped
-            abandoned += stop.epochs
-            stopped = prepared._replace(init_params=warm.params)
-            try:
-                longer_warm = _optimise_to_mode(
-                    stopped, key_warm, model_args, model_kwargs, options, LONGER_WARM_START_EPOCHS
-                )
-            except FloatingPointError:  # its loss turned non-finite on the way: fit from here
-                longer_warm = None
-            if longer_warm is not None:
-                abandoned += warm.num_epochs + warm.num_restarts
-                warm = longer_warm
-                problem = problem._replace(prepared=prepared._replace(init_params=warm.member(0)))
+        local, warm, problem, spent = _fit_or_optimise_longer(
+            problem, warm, weights, key_warm, model_args, model_kwargs, options
+        )
+        abandoned += spent
     if local is None:
         local = fit(problem, warm, weights)
     candidates, alternatives = _candidates(problem, local, weights)
@@ -290,6 +286,43 @@ def autotune(
     setup += 1.0 if best.tuning.control_variates and data is None else 0.0
     choice = Choice(target, weights, best, alternatives, setup, noise_error)
     return _build(problem, local, warm, choice, data)
+
+
+def _fit_or_optimise_longer(problem, warm, weights, rng_key, model_args, model_kwargs, options):
+    """``(local, warm, problem, epochs)``: the fit from Adam's default epochs, or, where it
+    finds no mode because the Newton steps stopped short of one (:class:`NoModeReached`: not a
+    saddle, not a profile measured far from Gaussian), ``local = None`` and the warm start of
+    :data:`LONGER_WARM_START_EPOCHS` more from where Adam stopped, for the fit to start from
+    (``epochs``: the first Adam's, now spent). The first attempt's warnings are said only where
+    it stands. Where the longer run's loss turns non-finite, the fit starts where it was."""
+    try:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            local = fit(problem, warm, weights)
+    except NoModeReached:
+        pass
+    except Exception:
+        _say_again(said)
+        raise
+    else:
+        _say_again(said)
+        return local, warm, problem, 0.0
+    prepared = problem.prepared
+    stopped = prepared._replace(init_params=warm.params)
+    try:
+        longer = _optimise_to_mode(
+            stopped, rng_key, model_args, model_kwargs, options, LONGER_WARM_START_EPOCHS
+        )
+    except FloatingPointError:
+        return None, warm, problem, 0.0
+    problem = problem._replace(prepared=prepared._replace(init_params=longer.member(0)))
+    return None, longer, problem, warm.num_epochs + warm.num_restarts
+
+
+def _say_again(said) -> None:
+    """Warnings recorded by ``catch_warnings(record=True)``, issued under the caller's filters."""
+    for w in said:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
 
 
 def _newton_from_start(prepared, options) -> bool:
