@@ -11,7 +11,7 @@ model with a subsample plate; the model is traced once and passed down:
    (:func:`~numpyro_sgmc.tuner.warmstart.warm_start`): Adam to the mode ``θ̂``, in each
    parameter's natural scale, from the same start (by default
    :data:`WARM_START_EPOCHS`, then, on up to that many rows, :data:`LONGER_WARM_START_EPOCHS`
-   more from where it stopped if the Newton steps do not settle from there either); above
+   more from where it stopped if the Newton steps from there stop short of a mode); above
    :data:`~numpyro_sgmc.tuner.rows.WARM_START_SAMPLE_ROWS` rows on a uniform sample of that
    many (with ``batch_sampling="blocks"``, rows in random order, in
    :data:`~numpyro_sgmc.tuner.rows.WARM_START_BLOCKS` runs of consecutive rows: from a file,
@@ -110,11 +110,13 @@ WARM_START_EPOCHS = 5.0
 LONGER_WARM_START_EPOCHS = 45.0
 """Epochs more of Adam, from where its first :data:`WARM_START_EPOCHS` stopped, where
 ``warm_start_epochs`` is not given, the data have at most
-:data:`~numpyro_sgmc.tuner.rows.WARM_START_SAMPLE_ROWS` rows, and the Newton steps do not
-settle from there: a Weibull regression on raw covariates (an age in years, an income in
-dollars; n = 5·10⁴) stopped 243 posterior sds from its mode after 5 epochs, 20 Newton steps
-did not reach it, and ``J + J_prior`` was not positive definite where they stopped; after 50
-epochs they settle."""
+:data:`~numpyro_sgmc.tuner.rows.WARM_START_SAMPLE_ROWS` rows, and the fit from there finds no
+mode because its Newton steps stopped short of one
+(:class:`~numpyro_sgmc.tuner.laplace.NoModeReached`: not a saddle, not a profile measured far
+from Gaussian, which more epochs do not change). A Weibull regression on raw covariates (an
+age in years, an income in dollars; n = 5·10⁴) stopped 243 posterior sds from its mode after
+5 epochs, 20 Newton steps did not reach it, and ``J + J_prior`` was not positive definite
+where they stopped; after 50 epochs they settle."""
 
 NEWTON_START_MAX_DIM = 1000
 """The most parameters for which :func:`autotune` tries Newton steps from the start itself
