@@ -895,10 +895,10 @@ def test_where_the_newton_steps_from_the_start_do_not_settle_adam_runs_first(cou
 
     fit = tuning.fit
 
-    def unsettled_from_start(problem, warm, weights, must_settle=False, from_start=False):
-        if from_start:
+    def unsettled_from_start(problem, warm, weights, must_settle=False):
+        if must_settle:
             raise PolishNotSettled(7.0)
-        return fit(problem, warm, weights, must_settle=must_settle)
+        return fit(problem, warm, weights)
 
     monkeypatch.setattr(tuning, "fit", unsettled_from_start)
     _, fallback = autotune(poisson_regression, KEY, X, y)
@@ -907,8 +907,8 @@ def test_where_the_newton_steps_from_the_start_do_not_settle_adam_runs_first(cou
     # the attempt's 7 epochs and its pass at the start
     assert fallback.setup_epochs == pytest.approx(adam.setup_epochs + 8.0)
 
-    def no_mode_at_first(problem, warm, weights, must_settle=False, from_start=False):
-        if from_start:
+    def no_mode_at_first(problem, warm, weights, must_settle=False):
+        if must_settle:
             raise PolishNotSettled(7.0)
         attempts.append(warm.num_epochs)
         if len(attempts) == 1:

@@ -216,16 +216,13 @@ class Fit(NamedTuple):
     unreached_diagonal: bool = False
 
 
-def fit(
-    problem: Problem, warm, weights, must_settle: bool = False, from_start: bool = False
-) -> Fit:
+def fit(problem: Problem, warm, weights, must_settle: bool = False) -> Fit:
     """The local picture for ``weights`` (module docstring).
 
     ``must_settle``: raise :class:`PolishNotSettled`, without a warning, where the Newton
-    steps do not settle at a mode or fail on the way (:func:`~numpyro_sgmc.autotune` then runs
-    the optimizer, or runs it longer, and fits again). ``from_start``: ``warm`` is the model's
-    start, not an optimizer's mode: more estimates of ``J`` on the way
-    (:data:`START_CURVATURES`), and rows saturated there are not refused as non-smooth."""
+    steps do not settle at a mode or fail on the way (``warm`` is then the model's start, not
+    an optimizer's mode: :func:`~numpyro_sgmc.autotune` runs the optimizer and fits again).
+    Where they stop short of a mode, :class:`NoModeReached`."""
     prepared, options = problem.prepared, problem.options
     n, d = prepared.num_data, prepared.layout.size
     dense = d <= DENSE_MAX_DIM if options.dense is None else bool(options.dense)
@@ -242,7 +239,7 @@ def fit(
                 num_rows=rows, kind=kind, regularize=regularize, num_probes=probes,
             )  # fmt: skip
             visited += info.num_rows
-            if not from_start:  # from the start, rows may be saturated (a logit of 10⁴)
+            if not must_settle:  # from the start, rows may be saturated (a logit of 10⁴)
                 _refuse_non_smooth(info)
             # a diagonal of correlated parameters from random probes is noisy, and as the
             # Newton direction's preconditioner it stalls the conjugate gradients: exact
@@ -270,9 +267,8 @@ def fit(
     u = None if warm.potential is None else float(warm.potential[warm.best])
     # a sample's mode lies about sqrt(d (n/m - 1)) posterior sds from the data's
     apart = 0.0 if warm.sample_size is None else math.sqrt(d * (n / warm.sample_size - 1.0))
-    # from the start, more estimates of J (START_CURVATURES); no warning where they must settle
-    start = {"max_curvatures": START_CURVATURES} if from_start else {}
-    start.update({"warn_unsettled": False} if must_settle else {})
+    # from the start, more estimates of J (START_CURVATURES), and no warning where they fail
+    start = {"max_curvatures": START_CURVATURES, "warn_unsettled": False} if must_settle else {}
     try:
         mode, distance, passes, info, exact, settled, remaining, rough = newton_polish(
             problem, warm.member(warm.best), gradient, info_at, potential=u, distance=apart,

@@ -264,7 +264,7 @@ def autotune(
     local, abandoned = None, 0.0
     if from_start:
         try:
-            local = fit(problem, warm, weights, must_settle=True, from_start=True)
+            local = fit(problem, warm, weights, must_settle=True)
         except PolishNotSettled as stop:  # Adam to the mode first; the attempt's epochs count
             abandoned = stop.epochs + warm.num_restarts
             warm = _optimise_to_mode(prepared, key_warm, model_args, model_kwargs, options)
