@@ -286,8 +286,11 @@ def check_run(
                 names, run, indep_sd, indep_error, critical, bool(findings), at_mode
             )
     findings += _chain_findings(names, run, critical, num_chains * num_draws, num_diverging)
-    unchecked = [] if findings else _unchecked(names, report, run.pred_error, indep_error)
-    unchecked += [] if findings else _unplaced(names, run)
+    unchecked = (
+        []
+        if findings
+        else _unchecked(names, report, run.pred_error, indep_error) + _unplaced(names, run)
+    )
     _limits(notes, report, names, run.run_error, run.pred_error, run.ess, bool(unchecked))
     if indep_error is not None and report.information.num_rows >= report.num_data:
         notes.append(

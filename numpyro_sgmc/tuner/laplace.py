@@ -128,9 +128,10 @@ SETTLING_SDS = 0.2
 """Distance to the mode (posterior sds) within which the Newton polish may take its last
 step unconfirmed, where the steps' contraction predicts it lands within ``tol/4``."""
 
-SADDLE_SDS = 0.05
-"""A last Newton step at most this long (:func:`newton_polish`'s ``tol``) where ``J +
-J_prior`` is not positive definite: the gradient vanishes there, a saddle point."""
+POLISH_TOL = 0.05
+"""Distance to the mode (posterior sds) within which the Newton polish has settled
+(:func:`newton_polish`'s default ``tol``); a last step this short where ``J + J_prior`` is
+not positive definite says the gradient vanishes there: a saddle point."""
 
 
 class Problem(NamedTuple):
@@ -282,7 +283,7 @@ def fit(problem: Problem, warm, weights, must_settle: bool = False) -> Fit:
         raise PolishNotSettled(passes + visited / n)
     unreached = 0.0 if settled else remaining
     # steps that stopped short where the gradient vanishes: a saddle (newton_polish's warning)
-    stationary = not settled and remaining <= SADDLE_SDS
+    stationary = not settled and remaining <= POLISH_TOL
     with _no_mode_unless(settled, stationary):  # where the steps stopped short
         if info is None or info.regularization > 0 or options.regularize is not None:
             info = info_at(mode)  # the curvature at the mode, with the user's regularisation
@@ -723,7 +724,7 @@ def newton_polish(
     info_at,
     max_passes=20,
     max_curvatures=12,
-    tol=0.05,
+    tol=POLISH_TOL,
     potential=None,
     distance=0.0,
     warn_unsettled=True,

@@ -295,19 +295,20 @@ def _fit_or_optimise_longer(problem, warm, weights, rng_key, model_args, model_k
     finds no mode because the Newton steps stopped short of one (:class:`NoModeReached`: not a
     saddle, not a profile measured far from Gaussian), ``local = None`` and the warm start of
     :data:`LONGER_WARM_START_EPOCHS` more from where Adam stopped, for the fit to start from
-    (``epochs``: the first Adam's, now spent). The first attempt's warnings are said only where
-    it stands. Where the longer run's loss turns non-finite, the fit starts where it was."""
+    (``epochs``: the first Adam's, now spent). The first attempt's warnings are said, under the
+    caller's filters, only where it stands. Where the longer run's loss turns non-finite, the
+    fit starts where it was."""
+    local = None
     try:
         with warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always")
             local = fit(problem, warm, weights)
     except NoModeReached:
-        pass
-    except Exception:
-        _say_again(said)
-        raise
-    else:
-        _say_again(said)
+        said.clear()  # the attempt's warnings go with it
+    finally:
+        for w in said:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+    if local is not None:
         return local, warm, problem, 0.0
     prepared = problem.prepared
     stopped = prepared._replace(init_params=warm.params)
@@ -319,12 +320,6 @@ def _fit_or_optimise_longer(problem, warm, weights, rng_key, model_args, model_k
         return None, warm, problem, 0.0
     problem = problem._replace(prepared=prepared._replace(init_params=longer.member(0)))
     return None, longer, problem, warm.num_epochs + warm.num_restarts
-
-
-def _say_again(said) -> None:
-    """Warnings recorded by ``catch_warnings(record=True)``, issued under the caller's filters."""
-    for w in said:
-        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
 
 
 def _newton_from_start(prepared, options) -> bool:
