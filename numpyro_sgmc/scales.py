@@ -630,7 +630,10 @@ def principal_axes(S, count: int) -> list:
     ``(d,)`` NumPy arrays (coordinate axes for a diagonal: no ``d × d`` matrix)."""
     if isinstance(S, Diagonal):
         values = np.asarray(S.values)
-        return [np.eye(values.size)[k] for k in np.argsort(-values)[:count]]
+        axes = np.zeros((count, values.size))  # no d × d identity
+        order = np.argsort(-values)[:count]
+        axes[np.arange(order.size), order] = 1.0
+        return list(axes[: order.size])
     values, vectors = np.linalg.eigh(np.asarray(S.matrix))
     return [vectors[:, k] for k in np.argsort(-values)[:count]]
 

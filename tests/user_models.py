@@ -250,6 +250,33 @@ def make_softmax(seed=0, n=2000, d=65, num_classes=10):
     return (X, y), {"num_classes": num_classes}
 
 
+def one_hot_poisson(X, log_exposure, y=None):
+    """Counts with an exposure, a coefficient per one-hot level of a category and per
+    covariate (no intercept), under N(0, 5²) priors."""
+    beta = numpyro.sample("beta", dist.Normal(0.0, 5.0).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("rows", X.shape[0], subsample_size=400):
+        Xb = numpyro.subsample(X, event_dim=1)
+        offset = numpyro.subsample(log_exposure, event_dim=0)
+        yb = None if y is None else numpyro.subsample(y, event_dim=0)
+        numpyro.sample("y", dist.Poisson(jnp.exp(Xb @ beta + offset)), obs=yb)
+
+
+def make_thin_levels(seed=5, n=20_000, num_levels=40, num_thin=8):
+    """:func:`one_hot_poisson`'s data: the first ``num_thin`` levels have 1-3 rows each, the
+    others share the rest; two standard-normal covariates. Returns ``(args, kwargs, level)``,
+    ``level`` each row's level."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 4, num_thin)
+    rest = rng.integers(num_thin, num_levels, n - sizes.sum())
+    level = rng.permutation(np.concatenate([np.repeat(np.arange(num_thin), sizes), rest]))
+    x = rng.normal(size=(n, 2))
+    exposure = rng.uniform(0.5, 5.0, n)
+    rate = exposure * np.exp(rng.normal(-1.0, 0.5, num_levels)[level] + x @ [0.3, -0.2])
+    X = np.column_stack([np.eye(num_levels)[level], x]).astype(np.float32)
+    args = (X, np.log(exposure).astype(np.float32), rng.poisson(rate).astype(np.float32))
+    return args, {}, level
+
+
 # ---- references ------------------------------------------------------------------------------
 
 

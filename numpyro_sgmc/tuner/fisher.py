@@ -87,6 +87,12 @@ class Information(NamedTuple):
     :param float inverse_bias: where :func:`debiased` corrected ``J`` and ``I``, the median over
         parameters of the relative bias it removed from ``(J + J_prior)⁻¹``'s diagonal (0
         where it did not).
+    :param heaviest_share: ``(d,)`` per parameter, the largest share of the rows'
+        ``Σ_i |∇_j l_i|`` that one row carries, over the rows used (0 where no row has a
+        gradient in it): at least ``1/k`` for a parameter that ``k`` rows inform, a one-hot
+        level of a category or a group's intercept
+        (:func:`~numpyro_sgmc.tuner.laplace.thinly_informed`). Absolute values, not squares:
+        the squared residuals of 300 Poisson rows gave one row 5% of them.
     """
 
     J: object
@@ -103,6 +109,7 @@ class Information(NamedTuple):
     replicates: tuple = ()
     probe_error: Optional[np.ndarray] = None
     inverse_bias: float = 0.0
+    heaviest_share: Optional[np.ndarray] = None
 
     @property
     def kind(self) -> str:
@@ -438,7 +445,15 @@ def information_of(
         num_probes=(exact_probes(d) if exact else int(num_probes)) if kind == "diagonal" else 0,
         replicates=replicates,
         probe_error=probe_error,
+        heaviest_share=_heaviest_share(sums),
     )
+
+
+def _heaviest_share(sums: dict) -> np.ndarray:
+    """:attr:`Information.heaviest_share` from the plates' sums."""
+    total = sum(s.magnitude for s in sums.values())
+    peak = np.max([s.peak for s in sums.values()], axis=0)
+    return np.where(total > 0, np.minimum(peak / np.where(total > 0, total, 1.0), 1.0), 0.0)
 
 
 def _moments(sums, size, n, kind, drop=None):

@@ -210,7 +210,12 @@ def describe(report: TuningReport) -> str:
             "is the conditional posterior's, docs/theory.md §4)"
         )
     target_sd = np.sqrt(np.asarray(report.target_covariance.diagonal(), np.float64))
+    thin = [f for f in report.nonlinearity if f.informing_rows > 0]
+    if thin:
+        lines.append(_thin_line(thin, target_sd))
     for f in report.nonlinearity:
+        if f.informing_rows > 0:
+            continue
         if not math.isfinite(f.sd_ratio) and f.parameter is not None:
             lines.append(
                 f"  the marginal of {f.label} has its mass beyond the probes, far to one side of "
@@ -264,3 +269,27 @@ def _newton_line(report: TuningReport) -> str:
     if report.warm_start is not None and report.warm_start.num_epochs == 0:
         return f"Newton steps from the start, the first {report.newton_step:.2g} posterior sd long"
     return f"warm-start mode moved {report.newton_step:.2g} posterior sd by a Newton step"
+
+
+def _thin_line(thin: list, target_sd) -> str:
+    """One line for the profiles of the parameters that few rows inform."""
+    ratios = [f.sd_ratio for f in thin if math.isfinite(f.sd_ratio)]
+    shifts = [
+        abs(f.mean_shift * f.sd * f.direction[f.parameter] / target_sd[f.parameter])
+        for f in thin
+        if math.isfinite(f.sd_ratio)
+    ]
+    unplaced = len(thin) - len(ratios)
+    covered = sum(len(f.covers) for f in thin)
+    line = f"  {len(thin)} parameters that few rows inform, profiled"
+    if ratios:
+        line += (
+            f": sds {min(ratios):.3g}-{max(ratios):.3g}x the quadratic's, means up to "
+            f"{max(shifts):.2g} sds from the mode (counted in the error; check_run expects "
+            "a run's means there)"
+        )
+    if unplaced:
+        line += f"; {unplaced} with their mass beyond the probes (the predictions do not hold)"
+    if covered:
+        line += f"; {covered} more as thin, not profiled, are given the worst one's error"
+    return line

@@ -55,6 +55,10 @@ class PlateSums(NamedTuple):
     :param count: rows per group, ``(G,)``.
     :param shift: the first chunk's mean gradient (a one-pass, centred covariance), ``(d,)``.
     :param bool finite: whether every per-datum gradient was finite.
+    :param magnitude: ``Σ_i |∇l_i|`` per parameter, ``(d,)``.
+    :param peak: ``max_i |∇l_i|`` per parameter, ``(d,)``: the heaviest row's share of
+        :attr:`magnitude` says how few rows inform a parameter
+        (:attr:`~numpyro_sgmc.tuner.fisher.Information.heaviest_share`).
     """
 
     hessian: np.ndarray
@@ -63,6 +67,8 @@ class PlateSums(NamedTuple):
     count: np.ndarray
     shift: np.ndarray
     finite: bool
+    magnitude: np.ndarray
+    peak: np.ndarray
 
 
 def weights_batch(spec, name, idx, w):
@@ -211,7 +217,7 @@ def _sums(spec, structure, layout, kind, name, count, full, chunk, zf, rows, pro
         return idx, w, lambda z: U(z, batch) - U(z, base)  # -Σ_i w_i l(z; X_i)
 
     def body(acc, c):
-        sums, comp, finite, shift = acc
+        sums, comp, finite, shift, (magnitude, peak) = acc
         idx, w, data_part = chunk_of(c)
         if kind == "dense":
             hess = jax.hessian(data_part)(zf)
@@ -228,14 +234,18 @@ def _sums(spec, structure, layout, kind, name, count, full, chunk, zf, rows, pro
         sums, comp = _kahan(
             (sums, comp), jax.tree.map(lambda a, x: jnp.zeros_like(a).at[g].set(x), sums, part)
         )
-        return (sums, comp, finite & jnp.all(jnp.isfinite(grads)), shift), None
+        size = jnp.abs(grads) * w[:, None]
+        magnitude, peak = magnitude + jnp.sum(size, 0), jnp.maximum(peak, jnp.max(size, 0))
+        finite = finite & jnp.all(jnp.isfinite(grads))
+        return (sums, comp, finite, shift, (magnitude, peak)), None
 
     K = 0 if probes is None else probes.shape[0]
     shapes = ((d, d) if kind == "dense" else (K, d), (d,), (d, d) if kind == "dense" else (d,), ())
     zeros = tuple(jnp.zeros((GROUPS,) + s, dtype) for s in shapes)
-    start = (zeros, zeros, jnp.array(True), jnp.zeros(d, dtype))
-    (sums, _, finite, shift), _ = lax.scan(body, start, jnp.arange(num_chunks))
-    return sums, shift, finite
+    sizes = (jnp.zeros(d, dtype), jnp.zeros(d, dtype))
+    start = (zeros, zeros, jnp.array(True), jnp.zeros(d, dtype), sizes)
+    (sums, _, finite, shift, sizes), _ = lax.scan(body, start, jnp.arange(num_chunks))
+    return sums, shift, finite, sizes
 
 
 def plate_sums(
@@ -243,11 +253,12 @@ def plate_sums(
 ) -> PlateSums:
     """The per-group sums over ``count`` rows of plate ``name`` (all when ``full``, else the
     row indices ``rows``), as NumPy float64."""
-    (hess, grad, outer, counts), shift, finite = _sums(
+    (hess, grad, outer, counts), shift, finite, sizes = _sums(
         spec, structure, layout, kind, name, count, full, chunk, zf, rows, probes, arrays
     )
     as64 = lambda x: np.asarray(x, np.float64)  # noqa: E731
-    return PlateSums(as64(hess), as64(grad), as64(outer), as64(counts), as64(shift), bool(finite))
+    sums = (hess, grad, outer, counts, shift)
+    return PlateSums(*map(as64, sums), bool(finite), *map(as64, sizes))
 
 
 def _spread_work(zf, deltas, rows, **_) -> int:
