@@ -527,9 +527,11 @@ def test_a_category_of_a_few_rows_states_its_coefficients_skew(rows, ones, n):
     error of the profile's continuation beyond its probes, the stated error covers the exact
     sd. At 200,000 rows ``J`` came from 10,000 sampled rows without the level's 2: the
     predicted sd was the prior's 10 against 5.9, stated ±0.0%; every row's curvature along
-    the coordinate shows the miss, and ``J`` is estimated again on every row."""
+    the coordinate shows the miss, and ``J`` is estimated again on every row. With every row
+    in the information the level is profiled along its own marginal path (12 probes) rather
+    than as a widest direction (4), and the warning names it as a parameter few rows inform."""
     X, y = _thin_level(rows, ones, n)
-    with pytest.warns(LinearizationWarning, match=r"direction of theta\[0\]"):
+    with pytest.warns(LinearizationWarning, match=r"The worst is theta\[0\]"):
         _, report = autotune(logistic_regression, jax.random.key(0), X, y)
     exact = _thin_level_sd(X, y, rows, float(np.asarray(report.mode["theta"])[-1]))
     if ones == 0:  # the level's rows are in the profile: a wall on their side (a prior's 2)

@@ -445,6 +445,30 @@ def test_a_profile_with_a_wall_on_one_side_is_measured_not_called_modeless():
     assert profile_moments(steps, steps**2 / 2) == pytest.approx((0.0, 1.0), abs=1e-6)
 
 
+@pytest.mark.parametrize("events", [1, 3, 10])
+def test_a_thin_profile_gives_the_log_gamma_marginal(events):
+    """The log rate of ``k`` Poisson events (flat prior) is log-gamma distributed: the
+    profile through :data:`THIN_STEPS` gives its mean and sd (``ψ(k) - log k`` and
+    ``sqrt(ψ'(k))``, in Laplace sds ``1/√k``), its curvature growth is ``e^{σt}`` at a
+    visited probe, and a Gaussian's is (0, 1, 1): the interpolation is of the departure from
+    a Gaussian, exact for one."""
+    from scipy.special import digamma, polygamma
+
+    from numpyro_sgmc.tuner.laplace import THIN_STEPS, _profile_growth, profile_on_grid
+
+    s = THIN_STEPS / np.sqrt(events)  # the steps in log rate
+    rises = events * (np.expm1(s) - s)  # U(u* + s) - U(u*), κ = 1
+    mean, sd, shape = profile_on_grid(THIN_STEPS, rises)
+    exact_mean = (digamma(events) - np.log(events)) * np.sqrt(events)
+    exact_sd = np.sqrt(polygamma(1, events) * events)
+    assert abs(mean - exact_mean) < 0.02 and abs(sd / exact_sd - 1) < 0.01, (mean, sd)
+    assert abs(sd / exact_sd - 1) <= shape + 0.005 and shape < 0.05 and exact_sd > 1.02
+    assert _profile_growth(THIN_STEPS, rises, 1.0) > np.exp(1 / np.sqrt(events))
+    gaussian = 0.5 * THIN_STEPS**2
+    assert profile_on_grid(THIN_STEPS, gaussian) == pytest.approx((0.0, 1.0, 0.0), abs=2e-3)
+    assert _profile_growth(THIN_STEPS, gaussian, 1.0) == pytest.approx(1.0)
+
+
 @pytest.mark.slow  # 35 s: the quick suite's budget
 def test_a_thin_class_held_by_its_prior_gets_an_error_that_covers_it():
     """The thin class's night coefficient: NUTS's sd is about 1.4 times the Laplace's. The

@@ -1132,6 +1132,8 @@ def linearity(
             directions.append(v)
             labels.append(names[int(np.argmax(np.abs(v)))])
     k = len(directions)
+    if k == 0:  # every direction profiled already (one parameter of a few rows)
+        return []
     sd = np.sqrt(np.maximum([v @ np.asarray(target.apply(v)) for v in directions], 0.0))
     steps = np.array([-2.0, -1.0, 1.0, 2.0])
     deltas = np.concatenate([np.outer(steps * s, v) for v, s in zip(directions, sd, strict=True)])
@@ -1761,8 +1763,9 @@ def _values_along(spec, structure, layout, zf, points, basis, batch, arrays):
 
 
 def profile_on_grid(steps, rises, curvature=1.0) -> tuple:
-    """``(mean, sd, shape)`` in units of ``t`` of ``exp(-κ p(t))``, ``p`` the monotone cubic
-    (PCHIP) through ``(0, 0)`` and ``(steps, rises)`` (in units of the quadratic's ``½t²``),
+    """``(mean, sd, shape)`` in units of ``t`` of ``exp(-κ p(t))``, ``p`` the quadratic ``½t²``
+    plus the monotone cubic (PCHIP) through the rises' departures from it, through ``(0, 0)``
+    and ``(steps, rises)`` (in units of the quadratic's ``½t²``: a Gaussian's is exact),
     continued beyond the outermost probes by the last interval's slope and (non-negative)
     change of slope; ``shape`` the relative change of the sd with straight segments between
     the probes instead, the error from the profile's unknown shape between them. ``sd = inf``
@@ -1778,8 +1781,9 @@ def profile_on_grid(steps, rises, curvature=1.0) -> tuple:
     grid = np.linspace(-3 * reach, 3 * reach, 9601)
     inside = np.clip(grid, t[0], t[-1])
     moments = []
-    for inner in (PchipInterpolator(t, r)(inside), np.interp(inside, t, r)):
-        values = inner.copy()
+    residual = r - 0.5 * t**2  # interpolated as the rises' departure from a Gaussian's
+    for between in (PchipInterpolator(t, residual), partial(np.interp, xp=t, fp=residual)):
+        values = 0.5 * inside**2 + between(inside)
         for side, (a, b, c) in ((grid > t[-1], (-1, -2, -3)), (grid < t[0], (0, 1, 2))):
             slope = (r[a] - r[b]) / (t[a] - t[b])
             before = (r[b] - r[c]) / (t[b] - t[c])
