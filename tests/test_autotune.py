@@ -542,6 +542,29 @@ def test_a_category_of_a_few_rows_states_its_coefficients_skew(rows, ones, n):
     assert abs(predicted / exact - 1.0) <= 2.0 * error, (predicted, exact, error)
 
 
+def _cauchy_logistic(X, y=None):
+    theta = numpyro.sample("theta", dist.Cauchy(0.0, 2.5).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=100):
+        Xb = numpyro.subsample(X, event_dim=1)
+        yb = None if y is None else numpyro.subsample(y, event_dim=0)
+        numpyro.sample("y", dist.Bernoulli(logits=Xb @ theta), obs=yb)
+
+
+@pytest.mark.parametrize("rows", [4, 8])
+def test_a_level_of_one_class_under_a_cauchy_prior_is_said_not_gaussian(rows):
+    """A level whose rows are all ``y = 1``, under a Cauchy prior: its coefficient's
+    posterior has a Cauchy tail (no variance). Its profile is several times the quadratic's,
+    the warning names it and the stated error is 100%. With 8 rows the jackknife's replicate
+    without the group that holds them had no curvature along it (the prior's is negative
+    out there), and the error was NaN."""
+    X, y = _thin_level(rows, rows, 20_000)
+    with pytest.warns(LinearizationWarning, match=r"The worst is theta\[0\]"):
+        _, report = autotune(_cauchy_logistic, jax.random.key(0), X, y)
+    (profile,) = [f for f in report.nonlinearity if f.label == "theta[0]"]
+    assert profile.informing_rows > 0 and profile.sd_ratio > 2.0, profile
+    assert report.prediction_error[0] == 1.0 and np.all(np.isfinite(report.prediction_error))
+
+
 @pytest.mark.slow  # 25 s
 def test_every_rows_curvature_shows_a_sample_that_missed_a_category(monkeypatch):
     """``J`` from 10,000 sampled rows of 200,000 holds none of a level's 2 rows: along its
