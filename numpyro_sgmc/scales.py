@@ -588,16 +588,17 @@ def scaled_spectrum(S) -> tuple:
 
 
 def condition_number(S) -> float:
-    """Largest over smallest eigenvalue of a symmetric scale; ``inf`` if the smallest <= 0."""
-    values = np.asarray(S.eigenvalues(), np.float64)
+    """Largest over smallest eigenvalue of a symmetric scale; ``inf`` if the smallest <= 0.
+    Symmetrised first: a matrix symmetric only to rounding would take the general solver."""
+    values = np.asarray(symmetrized(S).eigenvalues(), np.float64)
     lo, hi = float(np.min(values)), float(np.max(values))
     return math.inf if lo <= 0 else hi / lo
 
 
 def symmetrized(S):
-    """``S`` with a dense matrix replaced by ``(M + Mᵀ)/2`` (a diagonal is already
-    symmetric): a covariance such as ``J⁻¹IJ⁻¹`` without the rounding of its products."""
-    if isinstance(S, Diagonal):
+    """``S`` with a dense matrix replaced by ``(M + Mᵀ)/2`` (a diagonal or the identity is
+    already symmetric): a covariance such as ``J⁻¹IJ⁻¹`` without the rounding of its products."""
+    if not isinstance(S, Dense):
         return S
     return Dense(0.5 * (S.matrix + S.matrix.T))
 

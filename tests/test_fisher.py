@@ -63,6 +63,25 @@ def test_linear_regression_matches_exact_j_and_i(heteroscedastic):
         assert rel_err(info32.I, p.I) < 1e-5
 
 
+def test_the_curvature_of_a_hierarchical_prior_is_symmetric_exactly():
+    """A float32 Hessian of a hierarchy's prior is symmetric only to rounding (1e-9 here);
+    the eigenvalues of ``J + J_prior`` then took the general solver, 7.5 times slower (281 of
+    474 s at d = 843). ``J_prior`` is symmetrised as ``J`` and ``I`` are."""
+    from user_models import hierarchical_logistic, make_hierarchical
+
+    args, kwargs = make_hierarchical(n=2000)
+    rng = np.random.default_rng(0)
+    params = {
+        "mu": jnp.float32(0.3),
+        "tau": jnp.float32(-0.5),
+        "alpha": jnp.asarray(rng.normal(size=20), jnp.float32),
+        "beta": jnp.zeros(args[0].shape[1], jnp.float32),
+    }
+    info = information(hierarchical_logistic, KEY, *args, params=params, model_kwargs=kwargs)
+    for M in (info.J, info.J_prior, info.I, info.potential_curvature):
+        assert np.array_equal(M.matrix, M.matrix.T)
+
+
 @pytest.mark.slow
 def test_row_subsample_is_close_within_its_sampling_error():
     p = make_linear_regression(n=1000, heteroscedastic=True)

@@ -417,7 +417,9 @@ def information_of(
         _check_finite(list(sums[p.name][:5]), f"the per-datum terms of plate '{p.name}'")
     J, I, covariances, mean_grad, probe_terms = _assemble(plates, sums, n, kind)
     mean_grad = mean_grad - global_grad / n
-    J_prior = global_curv / n if kind == "dense" else global_curv.mean(axis=0) / n
+    # symmetric as J is (a float32 Hessian is not, to rounding, and the eigenvalues of the
+    # sum then took the general solver: 281 of 474 s in 46 estimates at d = 843)
+    J_prior = _symmetric(global_curv) / n if kind == "dense" else global_curv.mean(axis=0) / n
     wrap = Dense if kind == "dense" else Diagonal
     probe_error = np.zeros(d)
     if kind == "diagonal" and not exact:
