@@ -81,8 +81,12 @@ def check_sites(model_trace, plates: tuple):
                 raise ValueError(
                     f"Latent site '{name}' lies inside subsample plate '{inside[0]}'. A "
                     "per-datum latent variable is only updated for the rows in the batch, "
-                    "which SG-MCMC does not support: marginalise it out, or move it out of the "
-                    "subsample plate."
+                    "which SG-MCMC does not support (the kernels treat that plate as the "
+                    "data's, even with subsample_size equal to its size): marginalise it out, "
+                    "or move it out of the subsample plate, into a plate of its own without "
+                    f"subsample_size (with numpyro.plate('groups', G): {name} = "
+                    "numpyro.sample(...)), indexed by each row's group inside the subsample "
+                    f"plate ({name}[numpyro.subsample(group, event_dim=0)])."
                 )
             continue
         if inside:
