@@ -1752,9 +1752,10 @@ def _warn_thin(worst, findings, thin: int):
         )
     else:
         spread = (
-            "its mass lies beyond the probes, to one side (a level whose rows are all of one "
-            "class has no finite mode under a flat or heavy-tailed prior), and the predictions "
-            "do not hold there (report.prediction_error says 100%)"
+            "its profile does not rise on one side, or its mass lies beyond the probes (8 sds "
+            "out) there (a level whose rows are all of one class has no finite mode under a "
+            "flat or heavy-tailed prior), and the predictions do not hold there "
+            "(report.prediction_error says 100%)"
         )
     warn(
         f"{off} of the {len(findings)} parameters that few rows inform (a category's level of "
