@@ -1141,7 +1141,7 @@ def linearity(
     k = len(directions)
     if k == 0:  # every direction profiled already (one parameter of a few rows)
         return []
-    sd = np.sqrt(np.maximum([v @ np.asarray(target.apply(v)) for v in directions], 0.0))
+    sd = _sds_along(target, directions)
     steps = np.array([-2.0, -1.0, 1.0, 2.0])
     deltas = np.concatenate([np.outer(steps * s, v) for v, s in zip(directions, sd, strict=True)])
     basis = np.stack(directions, axis=1) * sd
@@ -1156,7 +1156,7 @@ def linearity(
     # full Hessian (d products) at each of its 5 points
     per_row = (4 * k + 2) * (k + 1) + 5 * len(paths) * layout.size
     if every_row and (n <= num_rows or n * per_row <= LINEARITY_WORK):
-        batch = Batch({p.name: host.device_array(np.arange(p.size), np.int32) for p in spec.plates})
+        batch = _every_row(spec.plates)
     else:
         batch = sample_rows(Stream.LINEARITY_ROWS, problem.rng_key, spec.plates, num_rows)
 
@@ -1246,7 +1246,7 @@ def linearity(
 
     w = max(range(k), key=lambda j: _off(findings[j]))
     worst = findings[w]
-    if _off(worst) > math.log(1.1):
+    if _far(worst):
         profile = ", ".join(f"{r:.3g}" for r in worst.rises)
         unbounded = not math.isfinite(worst.sd_ratio)
         shape = (
@@ -1376,6 +1376,10 @@ def _with_heavy_rows(spec, structure, layout, zf, basis, batch, arrays) -> Batch
             np.concatenate([np.ones(rows.size), np.zeros(pad), drawn]), np.float32
         )
     return Batch(indices, weights, 1.0)
+
+
+def _every_row(plates) -> Batch:
+    return Batch({p.name: host.device_array(np.arange(p.size), np.int32) for p in plates})
 
 
 def _row_count(batch) -> int:
@@ -1666,11 +1670,10 @@ def thin_profiles(problem, mode, target, information) -> list:
     paths, names = [int(j) for j in thin[:count]], layout.names()
     zf = np.asarray(layout.ravel(mode), np.float64)
     directions = np.stack([_unit(_column(target, j)) for j in paths])
-    sd = np.sqrt(np.maximum(np.einsum("kd,kd->k", directions, _apply_rows(target, directions)), 0))
+    sd = _sds_along(target, directions)
     basis = (directions * sd[:, None]).T
     points = zf + (THIN_STEPS[None, :, None] * basis.T[:, None, :]).reshape(-1, zf.size)
-    every = Batch({p.name: host.device_array(np.arange(p.size), np.int32) for p in spec.plates})
-    local, batch = rows_in_memory(arrays, spec.plates, every)
+    local, batch = rows_in_memory(arrays, spec.plates, _every_row(spec.plates))
     with jax.enable_x64(True):
         values, curvature = (
             np.asarray(x, np.float64)
@@ -1695,7 +1698,7 @@ def thin_profiles(problem, mode, target, information) -> list:
         )  # fmt: skip
     worst = max(range(count), key=lambda i: _off(findings[i]))
     findings[worst] = findings[worst]._replace(covers=tuple(int(j) for j in thin[count:]))
-    _warn_thin(findings[worst], findings, len(thin))
+    _warn_thin(findings, len(thin))
     return findings
 
 
@@ -1705,9 +1708,7 @@ def _profile_growth(steps, rises, kappa) -> float:
     visits (a rise of at most :data:`VISITED_RISE`), in units of the quadratic's, at least 1.
     A level of one row and no events curves ``e^{σt}`` towards the data's side, ten-fold one
     sd out: the step is shortened there as for the widest directions."""
-    order = np.argsort(np.concatenate([[0.0], steps]))
-    t = np.concatenate([[0.0], steps])[order]
-    r = np.concatenate([[0.0], rises])[order]
+    t, r = _through_the_mode(steps, rises)
     growth = 1.0
     for i in range(1, len(t) - 1):
         if t[i] != 0 and kappa * r[i] <= VISITED_RISE:
@@ -1717,8 +1718,17 @@ def _profile_growth(steps, rises, kappa) -> float:
     return float(growth)
 
 
-def _apply_rows(target, rows) -> np.ndarray:
-    return np.stack([np.asarray(target.apply(v), np.float64) for v in rows])
+def _through_the_mode(steps, rises) -> tuple:
+    """``(t, r)``: the probes and ``(0, 0)``, in order of ``t``, float64."""
+    t = np.concatenate([[0.0], np.asarray(steps, np.float64)])
+    r = np.concatenate([[0.0], np.asarray(rises, np.float64)])
+    order = np.argsort(t)
+    return t[order], r[order]
+
+
+def _sds_along(target, directions) -> np.ndarray:
+    """``σ = sqrt(vᵀΣv)`` for every unit direction ``v``."""
+    return np.sqrt(np.maximum([v @ np.asarray(target.apply(v)) for v in directions], 0.0))
 
 
 def _off(f) -> float:
@@ -1726,20 +1736,26 @@ def _off(f) -> float:
     return max(abs(math.log(max(f.sd_ratio, 1e-300))), math.log1p(f.continuation_error))
 
 
+def _far(f) -> bool:
+    """Whether the sd along a finding is, or may be, more than 10% from the quadratic's."""
+    return _off(f) > math.log(1.1)
+
+
 def far_from_gaussian(findings) -> Optional[Nonlinearity]:
     """The finding farthest from its quadratic where one is more than 10% from it (or may be,
     for its shape beyond the probes): what a
     :class:`~numpyro_sgmc.diagnostics.LinearizationWarning` says; ``None`` otherwise."""
     worst = max(findings, key=_off, default=None)
-    return worst if worst is not None and _off(worst) > math.log(1.1) else None
+    return worst if worst is not None and _far(worst) else None
 
 
-def _warn_thin(worst, findings, thin: int):
+def _warn_thin(findings, thin: int):
     """One :class:`~numpyro_sgmc.diagnostics.LinearizationWarning` for the thinly informed
     parameters, naming the worst, where one is more than 10% from its quadratic."""
-    if _off(worst) <= math.log(1.1):
+    worst = far_from_gaussian(findings)
+    if worst is None:
         return
-    off = sum(_off(f) > math.log(1.1) for f in findings)
+    off = sum(map(_far, findings))
     unprofiled = f" ({thin - len(findings)} more as thin, not profiled, are given its error)"
     if math.isfinite(worst.sd_ratio):
         give = worst.continuation_error > 0.05
@@ -1769,7 +1785,7 @@ def _warn_thin(worst, findings, thin: int):
 
 
 def _evaluations(points, batch, **_) -> int:
-    return (points.shape[0] + 1) * sum(int(np.size(i)) for i in batch.indices.values())
+    return (points.shape[0] + 1) * _row_count(batch)
 
 
 @one_shot_jit(("spec", "structure", "layout"), rows=_evaluations)
@@ -1792,10 +1808,7 @@ def profile_on_grid(steps, rises, curvature=1.0) -> tuple:
     the probes instead, the error from the profile's unknown shape between them. ``sd = inf``
     where that is not normalisable or its mean lies beyond three quarters of the probes
     (its mass beyond them)."""
-    t = np.concatenate([[0.0], np.asarray(steps, np.float64)])
-    r = np.concatenate([[0.0], np.asarray(rises, np.float64)])
-    order = np.argsort(t)
-    t, r = t[order], r[order]
+    t, r = _through_the_mode(steps, rises)
     reach = float(np.max(np.abs(t)))
     grid = np.linspace(-3 * reach, 3 * reach, 9601)
     inside = np.clip(grid, t[0], t[-1])

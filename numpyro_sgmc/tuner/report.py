@@ -239,8 +239,7 @@ def describe(report: TuningReport) -> str:
                 f"{f.sd_ratio:.3g}x the quadratic's{beyond} (counted in the error)"
             )
         if math.isfinite(f.sd_ratio) and f.parameter is not None:
-            j = f.parameter
-            shift = f.mean_shift * f.sd * f.direction[j] / target_sd[j]
+            shift = _marginal_shift(f, target_sd)
             if abs(shift) >= 0.5:
                 lines.append(
                     f"  the marginal of {f.label} is skewed: its mean lies {abs(shift):.3g} sds "
@@ -274,11 +273,7 @@ def _newton_line(report: TuningReport) -> str:
 def _thin_line(thin: list, target_sd) -> str:
     """One line for the profiles of the parameters that few rows inform."""
     ratios = [f.sd_ratio for f in thin if math.isfinite(f.sd_ratio)]
-    shifts = [
-        abs(f.mean_shift * f.sd * f.direction[f.parameter] / target_sd[f.parameter])
-        for f in thin
-        if math.isfinite(f.sd_ratio)
-    ]
+    shifts = [abs(_marginal_shift(f, target_sd)) for f in thin if math.isfinite(f.sd_ratio)]
     unplaced = len(thin) - len(ratios)
     covered = sum(len(f.covers) for f in thin)
     line = f"  {len(thin)} parameters that few rows inform, profiled"
@@ -293,3 +288,8 @@ def _thin_line(thin: list, target_sd) -> str:
     if covered:
         line += f"; {covered} more as thin, not profiled, are given the worst one's error"
     return line
+
+
+def _marginal_shift(f, target_sd) -> float:
+    """Where a marginal path's profile puts its parameter's mean, in its target sds."""
+    return f.mean_shift * f.sd * f.direction[f.parameter] / target_sd[f.parameter]
